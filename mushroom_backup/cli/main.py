@@ -1,0 +1,70 @@
+"""The ``mushroom-backup`` group, global options, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import EXIT_ERROR, EXIT_USAGE, MushroomError
+from .node import node
+
+
+class _Group(click.Group):
+    """Turns MushroomError into one clear line and its exit code (a traceback only with
+    --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MushroomError as error:
+            if ctx.meta.get("mushroom.debug"):
+                raise
+            click.echo(f"error: {error.message}", err=True)
+            ctx.exit(error.exit_code)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as error:  # noqa: BLE001 - the last line of defence for users
+            if ctx.meta.get("mushroom.debug"):
+                raise
+            click.echo(
+                f"error: unexpected {type(error).__name__}: {error} "
+                "(run with --debug for a traceback, and please report it)",
+                err=True,
+            )
+            ctx.exit(EXIT_ERROR)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mushroom-backup")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML config file (default: /etc/mushroom-backup/config.toml when present).",
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
+    """Fenced, deduplicated, verified backups of a data directory."""
+    ctx.meta["mushroom.debug"] = debug
+    ctx.meta["mushroom.config_path"] = config_path
+
+
+cli.add_command(node)
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="mushroom-backup", standalone_mode=True)
+    except SystemExit as exit_:
+        code = exit_.code
+        if isinstance(code, int) and code == 2 and "--help" not in sys.argv:
+            sys.exit(EXIT_USAGE)
+        raise
