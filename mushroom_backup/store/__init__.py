@@ -57,11 +57,16 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
         raise UsageError(f"no store URL given; {_HELP}")
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
+    if "@" in parts.netloc:
+        raise UsageError(
+            "store URLs must not carry credentials; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) instead"
+        )
     if parts.query or parts.fragment:
         raise UsageError(f"store URL {url!r} must not have a query or fragment; {_HELP}")
     if scheme == "s3":
         bucket = parts.netloc
-        if not bucket or "@" in bucket or ":" in bucket:
+        if not bucket or ":" in bucket:
             raise UsageError(f"store URL {url!r} names no valid bucket; {_HELP}")
         prefix = unquote(parts.path).strip("/")
         if any(seg in ("", ".", "..") for seg in prefix.split("/")) and prefix:
