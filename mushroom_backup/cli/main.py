@@ -29,7 +29,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
-        except Exception as error:  # noqa: BLE001 - the last line of defence for users
+        except Exception as error:  # the last line of defence for users
             if ctx.meta.get("mushroom.debug"):
                 raise
             click.echo(

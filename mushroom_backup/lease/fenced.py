@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..clock import Clock
 from ..errors import FenceClosed
@@ -39,7 +39,7 @@ class Fence(Protocol):
         ...
 
 
-def _retrieve(task: asyncio.Future[object]) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     # A cancelled write that failed anyway must not log "exception was never retrieved".
     if not task.cancelled():
         task.exception()
@@ -76,8 +76,9 @@ class FencedStore(ObjectStore):
         try:
             while True:
                 sleeper = asyncio.ensure_future(self.clock.sleep_until(deadline))
+                racers: set[asyncio.Future[Any]] = {task, sleeper}
                 try:
-                    await asyncio.wait({task, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     sleeper.cancel()
                 if task.done():

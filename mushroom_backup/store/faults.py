@@ -31,7 +31,9 @@ T = TypeVar("T")
 
 
 def service_unavailable(key: str) -> StoreError:
-    return StoreError(f"injected fault: 503 Service Unavailable for {key!r}", key=key, retryable=True)
+    return StoreError(
+        f"injected fault: 503 Service Unavailable for {key!r}", key=key, retryable=True
+    )
 
 
 @dataclass
