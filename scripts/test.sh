@@ -5,6 +5,14 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/bootstrap.sh"
 cd "$root"
+# The systemd unit tests run `systemd-analyze verify`; a fresh machine may lack it.
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
+    else
+        echo "systemd-analyze is missing: install the systemd package" >&2
+    fi
+fi
 ruff check .
 ruff format --check .
 mypy

@@ -17,7 +17,7 @@ Not promised: histograms; authentication (bind it to loopback).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..clock import Clock
 
@@ -33,7 +33,6 @@ class Metrics:
     bytes_uploaded_total: int = 0
     renew_failures_total: int = 0
     fence_closures_total: int = 0
-    extra_help: dict[str, str] = field(default_factory=dict)
 
     def render(self, now_wall: float) -> str:
         """The text exposition of every series at ``now_wall`` (Unix seconds)."""
