@@ -15,10 +15,12 @@ never contain credentials: anything that may echo a URL or a service answer goes
     │   ├── PreconditionFailed                 a conditional write or delete was refused (412/409)
     │   │   └── AlreadyExists                  create-only write over an existing key
     │   └── ConditionalWritesUnsupported       this client sends no conditional headers
-    │                                          (best-effort mode)
+    │                                          (best-effort mode), or the service answered
+    │                                          501 to one
     ├── LeaseError                     exit 1
     │   ├── LeaseHeld                  exit 3  another instance holds a fresh lease
     │   ├── LeaseLost                  exit 4  our lease was taken over or deleted
+    │   │   └── LatestMoved            exit 4  another writer moved LATEST under us
     │   ├── FenceClosed                exit 4  the write deadline passed: nothing more is written
     │   └── PreconditionsIgnored       exit 1  the service ignores If-None-Match / If-Match
     ├── ProcessLeaseError              exit 1  the process lease (cluster node identity)
@@ -123,12 +125,16 @@ class AlreadyExists(PreconditionFailed):
 
 class ConditionalWritesUnsupported(StoreError):
     """This client is configured without conditional writes (best-effort mode), so it cannot
-    send ``If-None-Match`` / ``If-Match``. Callers fall back to read-then-write."""
+    send ``If-None-Match`` / ``If-Match`` -- or the service answered 501 Not Implemented to one
+    (``reason`` then says so). Callers fall back to read-then-write."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, reason: str | None = None) -> None:
         super().__init__(
-            f"conditional write of {key!r} is not available: conditional writes are switched off "
-            "(MUSHROOM_BACKUP_LEASE_CONDITIONAL=off)",
+            reason
+            or (
+                f"conditional write of {key!r} is not available: conditional writes are "
+                "switched off (MUSHROOM_BACKUP_LEASE_CONDITIONAL=off)"
+            ),
             key=key,
         )
 
@@ -170,6 +176,14 @@ class LeaseLost(LeaseError):
             )
         super().__init__(message)
         self.instance_id = instance_id
+
+
+class LatestMoved(LeaseLost):
+    """The ``LATEST`` compare-and-swap was refused: another writer moved it since we read it.
+    Our manifest stays an unreferenced orphan; the lease must be treated as lost."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, message)
 
 
 class FenceClosed(LeaseError):
