@@ -432,9 +432,8 @@ class BucketLease:
         view = await read_lease(self._store)
         if view is None or view.record is None or view.record.instance_id != self.instance_id:
             raise self._lose(view)
-        if view.record.renewed_at == record.renewed_at:
-            # The landed write carried this very stamp: change the body so the ETag changes.
-            record = _restamped(view.record, self._clock.wall())
+        # The landed write may carry this very stamp: make sure the body changes.
+        record = _restamped(record, self._clock.wall(), after=view.record.renewed_at)
         _log(
             logging.INFO,
             "lease.reconciled",
@@ -635,11 +634,22 @@ def _judge(
     )
 
 
-def _restamped(record: LeaseRecord, wall: datetime) -> LeaseRecord:
-    """``record`` renewed at ``wall``; always a different body from ``record``'s."""
+def _restamped(record: LeaseRecord, wall: datetime, *, after: str | None = None) -> LeaseRecord:
+    """``record`` renewed at ``wall``, with a stamp later than ``after`` (default: the record's
+    own ``renewed_at``), so that the body -- and with it the ETag -- always changes.
+
+    Within one clock tick, or after the wall clock stepped back by less than a TTL, the stamp
+    is the previous one plus a microsecond: never more than a TTL ahead of our clock, so the
+    record never looks suspect. After a larger step back the stamp follows the clock.
+    """
+    previous = record.renewed_at if after is None else after
     stamp = format_rfc3339(wall)
-    if stamp == record.renewed_at:
-        stamp = format_rfc3339(parse_rfc3339(stamp) + timedelta(microseconds=1))
+    try:
+        last = parse_rfc3339(previous)
+    except ValueError:
+        last = None
+    if last is not None and wall <= last <= wall + timedelta(seconds=record.ttl_s):
+        stamp = format_rfc3339(last + timedelta(microseconds=1))
     return LeaseRecord(
         record.instance_id, record.acquired_at, stamp, record.ttl_s, record.host, record.pid
     )

@@ -21,13 +21,15 @@ def lease_log(
     propagation off on the package logger, so the root handler alone could miss records)."""
     logger = logging.getLogger("mushroom_backup.lease")
     monkeypatch.setattr(logger, "propagate", False)
-    monkeypatch.setattr(logger, "level", logging.DEBUG)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # setLevel, not an attribute: it clears the level caches
     caplog.handler.setLevel(logging.DEBUG)
     logger.addHandler(caplog.handler)
     try:
         yield caplog
     finally:
         logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
 
 
 @pytest.fixture
