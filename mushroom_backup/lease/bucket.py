@@ -70,6 +70,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
+from ..retry import retrying
 from ..store.base import CREATE, OVERWRITE, ObjectStore, PutMode, Update, Version
 from .record import (
     ACQUIRE_RACES,
@@ -102,6 +103,9 @@ __all__ = [
 LEASE_KEY: Final = "LEASE"
 
 logger = logging.getLogger("mushroom_backup.lease")
+
+#: Renewal attempts are bounded by the write fence, not by a count.
+_UNBOUNDED = 1_000_000
 
 
 class _Auto(enum.Enum):
@@ -469,11 +473,15 @@ class BucketLease:
         """Renew the lease in the background while the block runs.
 
         Renews every :attr:`renew_interval` after the last confirmed renewal, on the injected
-        clock. A failed renewal (:class:`~mushroom_backup.errors.StoreError`) is retried with
-        growing pauses while the write fence is open; when the fence closes without a
-        confirmed renewal, or the lease is lost, the lease is marked lost, ``on_lost`` (plain
-        or async) is called once with the :class:`~mushroom_backup.errors.LeaseLost`, and the
-        loop stops. Leaving the block stops the loop; it does not release the lease.
+        clock. A renewal that fails in a way retrying may fix (a retryable
+        :class:`~mushroom_backup.errors.StoreError`) is retried through
+        :func:`mushroom_backup.retry.retrying` -- jittered, growing pauses -- while the write
+        fence is open, the last attempt as it closes. When the lease is lost, the fence closed
+        without a confirmed renewal, or the error is not retryable, the lease is marked lost,
+        ``on_lost`` (plain or async) is called once with a
+        :class:`~mushroom_backup.errors.LeaseLost` saying why, and the loop stops. A lease
+        marked lost by someone else stops the loop without a call. Leaving the block stops the
+        loop (cancelling a renewal in flight); it does not release the lease.
         """
         task = asyncio.create_task(
             self._renew_loop(on_lost), name=f"lease-renewer-{self.instance_id[:8]}"
@@ -486,43 +494,41 @@ class BucketLease:
 
     async def _renew_loop(self, on_lost: Callable[[LeaseLost], object] | None) -> None:
         try:
-            failures = 0
-            next_at = self._confirmed_mono + self.renew_interval
             while True:
-                await self._clock.sleep_until(next_at)
+                await self._clock.sleep_until(self._confirmed_mono + self.renew_interval)
                 if self._lost:
                     return
                 try:
-                    await self.renew()
+                    await retrying(
+                        self._renew_once,
+                        what=f"renew {LEASE_KEY}",
+                        attempts=_UNBOUNDED,  # the fence bounds it, below
+                        first_delay=self.renew_interval / 10,
+                        max_delay=self.renew_interval,
+                        while_open=self.may_write,
+                        sleep=self._pause_within_fence,
+                    )
                 except LeaseLost as lost:
                     await _call_on_lost(on_lost, lost)
                     return
                 except StoreError as error:
-                    failures += 1
-                    deadline = self.write_deadline()
-                    _log(
-                        logging.WARNING,
-                        "lease.renew_failed",
-                        instance_id=self.instance_id,
-                        attempt=failures,
-                        retryable=error.retryable,
-                        fence_open=deadline is not None,
-                        error=error.message,
+                    if self._lost:
+                        return  # marked lost meanwhile: whoever did it knows
+                    why = (
+                        "before its write fence closed"
+                        if not self.may_write()
+                        else "(the error is not one that retrying fixes)"
                     )
-                    if deadline is None:
-                        closed = LeaseLost(
+                    self.mark_lost()
+                    await _call_on_lost(
+                        on_lost,
+                        LeaseLost(
                             None,
-                            "the bucket lease could not be renewed within 2/3 of its TTL "
-                            f"({error.message}); writing stopped",
-                        )
-                        self.mark_lost()
-                        await _call_on_lost(on_lost, closed)
-                        return
-                    pause = min(self.renew_interval / 10 * 2 ** (failures - 1), self.renew_interval)
-                    next_at = min(self._clock.monotonic() + pause, deadline)
-                    continue
-                failures = 0
-                next_at = self._confirmed_mono + self.renew_interval
+                            f"the bucket lease could not be renewed {why}: {error.message}; "
+                            "this holder stopped writing",
+                        ),
+                    )
+                    return
         except Exception as error:
             # A bug, not a store failure: fail closed rather than write without renewing.
             logger.exception(
@@ -533,6 +539,31 @@ class BucketLease:
                 on_lost,
                 LeaseLost(None, f"the lease renewer failed ({type(error).__name__}: {error})"),
             )
+
+    async def _renew_once(self) -> None:
+        try:
+            await self.renew()
+        except StoreError as error:
+            _log(
+                logging.WARNING,
+                "lease.renew_failed",
+                instance_id=self.instance_id,
+                retryable=error.retryable,
+                fence_open=self.may_write(),
+                error=error.message,
+            )
+            raise
+
+    async def _pause_within_fence(self, seconds: float) -> None:
+        """Sleep between renewal attempts, but never past the write deadline: the last attempt
+        is made as the fence closes."""
+        deadline = self.write_deadline()
+        if deadline is None:
+            await self._clock.sleep(0.0)
+        elif self._clock.monotonic() + seconds >= deadline:
+            await self._clock.sleep_until(deadline)
+        else:
+            await self._clock.sleep(seconds)
 
     # --- giving it up ---------------------------------------------------------------------
 

@@ -68,6 +68,19 @@ async def test_the_lease_is_renewed_every_third_of_a_ttl(
     assert on_lost.calls == []
 
 
+async def drive(clock: FakeClock, done: Callable[[], bool], limit: float) -> None:
+    """Move the fake clock from one sleeper's deadline to the next until ``done``, never past
+    ``limit``."""
+    while True:
+        await until(lambda: done() or clock.sleepers >= 1)
+        if done():
+            return
+        deadline = clock.next_deadline()
+        assert deadline is not None
+        assert deadline <= limit, f"nothing happened by {limit}"
+        clock.advance(max(0.0, deadline - clock.monotonic()))
+
+
 async def test_a_transient_failure_is_retried_soon_and_the_lease_survives(
     bucket: FaultyStore, clock: FakeClock, lease_log: pytest.LogCaptureFixture
 ) -> None:
@@ -77,15 +90,16 @@ async def test_a_transient_failure_is_retried_soon_and_the_lease_survives(
     async with lease.keep_renewed(on_lost=on_lost):
         await until(lambda: clock.sleepers == 1)
         clock.advance(10)
-        await until(lambda: bool(fields(lease_log, "lease.renew_failed")) and clock.sleepers == 1)
-        assert clock.next_deadline() == pytest.approx(1011.0)  # a tenth of the interval
+        # The retry comes within a tenth of the interval (jittered, so maybe at once).
+        await drive(clock, lambda: lease.record.renewed_at != "2026-11-29T10:00:00Z", 1011.0)
         (failed,) = fields(lease_log, "lease.renew_failed")
         assert failed["retryable"] is True
         assert failed["fence_open"] is True
-        clock.advance(1)
-        await until(lambda: lease.record.renewed_at == "2026-11-29T10:00:11Z")
         await until(lambda: clock.sleepers == 1)
-        assert clock.next_deadline() == pytest.approx(1021.0)
+        renewed_at = clock.monotonic()
+        assert 1010.0 <= renewed_at <= 1011.0
+        assert clock.next_deadline() == pytest.approx(renewed_at + 10)
+        assert lease.write_deadline() == pytest.approx(renewed_at + 20)
     assert not lease.lost
     assert on_lost.calls == []
 
@@ -94,29 +108,47 @@ async def test_failures_until_the_fence_closes_lose_the_lease(
     bucket: FaultyStore, clock: FakeClock
 ) -> None:
     lease = await take(bucket, clock)
-    tried_at: list[float] = []
+    tried_at: list[tuple[float, bool]] = []
 
     def outage(key: str) -> StoreError:
-        tried_at.append(clock.monotonic())
+        tried_at.append((clock.monotonic(), lease.may_write()))
         return service_unavailable(key)
 
-    bucket.fail("put", times=1000, error=outage)
+    bucket.fail("put", times=1_000_000, error=outage)
     on_lost = Lost()
     async with lease.keep_renewed(on_lost=on_lost):
         await until(lambda: clock.sleepers == 1)
-        while not on_lost.calls:
-            deadline = clock.next_deadline()
-            assert deadline is not None
-            assert lease.may_write()  # open until the last attempt failed
-            clock.advance(deadline - clock.monotonic())
-            await until(lambda: clock.sleepers == 1 or bool(on_lost.calls))
-    # Retries back off (1, 2, 4 s) but never past the fence, where the last one is made.
-    assert tried_at == pytest.approx([1010.0, 1011.0, 1013.0, 1017.0, 1020.0])
+        await drive(clock, lambda: bool(on_lost.calls), 1020.0)
+    # Retried while the fence was open, the last attempt as it closed; then lost.
+    times = [t for t, _ in tried_at]
+    assert times[0] == 1010.0
+    assert times == sorted(times)
+    assert len(times) >= 2
+    assert times[-1] == pytest.approx(1020.0)
+    assert all(open_ for _, open_ in tried_at[:-1])
+    assert not tried_at[-1][1]
     (lost,) = on_lost.calls
-    assert "2/3 of its TTL" in lost.message
+    assert "before its write fence closed" in lost.message
+    assert "503" in lost.message
     assert lease.lost
     assert lease.write_deadline() is None
     assert clock.sleepers == 0
+
+
+async def test_an_error_retrying_cannot_fix_loses_the_lease_at_once(
+    bucket: FaultyStore, clock: FakeClock
+) -> None:
+    lease = await take(bucket, clock)
+    bucket.fail("put", error=lambda key: StoreError(f"put {key}: 403 AccessDenied", key=key))
+    on_lost = Lost()
+    async with lease.keep_renewed(on_lost=on_lost):
+        await until(lambda: clock.sleepers == 1)
+        clock.advance(10)
+        await until(lambda: bool(on_lost.calls))
+    assert "403 AccessDenied" in on_lost.calls[0].message
+    assert "not one that retrying fixes" in on_lost.calls[0].message
+    assert lease.lost
+    assert bucket.calls.count(("put", "LEASE")) == 4  # acquire, two probes, one renewal
 
 
 async def test_a_takeover_stops_the_loop_and_calls_on_lost_once(
