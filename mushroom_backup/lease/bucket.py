@@ -26,6 +26,10 @@ What it promises (a port of the Rust agent's ``bucket_lease.rs``; byte-compatibl
 * **The holder fences itself.** :meth:`BucketLease.write_deadline` is 2/3 of a TTL after the
   last confirmed renewal was *sent*, on the monotonic and the wall clock; nobody may take over
   before a full TTL, so a partitioned holder stops a third of a TTL before a takeover.
+* **Clock skew** up to that third of a TTL (10 s at 30 s) is absorbed: a contender whose
+  clock runs ahead sees the lease expire that much early, still not before the holder stopped.
+  A holder whose clock runs ahead stamps the future, which counts as fresh; if it dies, the
+  takeover is delayed by its skew.
 * **Suspect records** (renewed more than their TTL in the future, or a TTL over an hour) are
   taken over only after they sat unchanged for one of our TTLs, with a warning.
 * **Best-effort mode.** A store opened without conditional writes (``store.conditional`` is

@@ -12,6 +12,7 @@ from mushroom_backup.clock import FakeClock
 from mushroom_backup.errors import (
     EXIT_LEASE_LOST,
     FenceClosed,
+    LeaseHeld,
     LeaseLost,
     StoreError,
 )
@@ -321,6 +322,38 @@ async def test_a_wall_clock_jumping_ahead_closes_the_fence(
     clock.step_wall(timedelta(seconds=15))
     assert lease.write_deadline() is None
     assert not lease.lost
+
+
+@pytest.mark.parametrize(
+    ("skew_s", "takeover_at", "holder_fenced"),
+    [
+        (0.0, 30.0, True),
+        (5.0, 25.0, True),
+        # A contender whose clock runs ahead by a third of a TTL takes over exactly as the
+        # holder's fence closes...
+        (10.0, 20.0, True),
+        # ...and one further ahead could take over while the holder may still write.
+        (11.0, 19.0, False),
+    ],
+)
+async def test_clock_skew_up_to_a_third_of_a_ttl_is_absorbed(
+    skew_s: float, takeover_at: float, holder_fenced: bool
+) -> None:
+    bucket = MemoryStore()
+    holder_clock = FakeClock()
+    contender_clock = FakeClock(wall=holder_clock.wall() + timedelta(seconds=skew_s))
+    holder = await BucketLease.acquire(bucket, ttl_s=30, clock=holder_clock)
+
+    def advance(seconds: float) -> None:
+        holder_clock.advance(seconds)
+        contender_clock.advance(seconds)
+
+    advance(takeover_at - 0.001)
+    with pytest.raises(LeaseHeld):
+        await BucketLease.acquire(bucket, ttl_s=30, clock=contender_clock)
+    advance(0.001)
+    await BucketLease.acquire(bucket, ttl_s=30, clock=contender_clock)
+    assert holder.may_write() is not holder_fenced
 
 
 async def test_mark_lost_closes_the_fence_for_good(bucket: FaultyStore, clock: FakeClock) -> None:
