@@ -81,11 +81,15 @@ from .record import (
     MAX_SANE_TTL_S,
     PROBE_ETAG,
     Exclusion,
+    LeaseCondition,
     LeaseRecord,
+    LeaseState,
     LeaseView,
     LeaseWatch,
     Verdict,
+    conditional_writes_from_env,
     decode_record,
+    describe,
     format_rfc3339,
     judge_foreign,
     new_instance_id,
@@ -94,11 +98,19 @@ from .record import (
     write_deadline,
 )
 
+# The record module's public names are re-exported: callers need only this module.
 __all__ = [
     "LEASE_KEY",
     "BucketLease",
     "Exclusion",
+    "LeaseCondition",
+    "LeaseRecord",
+    "LeaseState",
+    "LeaseView",
     "LeaseWatch",
+    "conditional_writes_from_env",
+    "describe",
+    "new_instance_id",
     "read_lease",
     "release_own_record",
 ]
