@@ -37,7 +37,12 @@ Contract
     conditional delete say so in :attr:`ObjectStore.conditional_delete`.
 ``list(prefix)``
     An async iterator over every key starting with ``prefix`` (a plain string prefix, not a
-    directory), in ascending byte order of the key.
+    directory), in ascending order of the key -- byte order on AWS, MinIO, moto, memory and
+    local; services built on a directory tree (SeaweedFS) list a "directory" before a sibling
+    key that extends its name with a character below ``/`` (``a/b`` before ``a-c``), i.e. in
+    order of the key's ``/``-separated segments. The two orders differ only where one key
+    continues a shared prefix with ``/`` and another with a character below it (``!`` to
+    ``.``); callers that need one exact order sort.
 
 Versions
     A :class:`Version` is what the service returned (ETag, quoted exactly as given, and a
