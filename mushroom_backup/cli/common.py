@@ -29,6 +29,12 @@ store_option = click.option(
     default=None,
     help="s3://BUCKET/PREFIX or file:///PATH (default: $MUSHROOM_BACKUP_STORE, then config).",
 )
+source_option = click.option(
+    "--source",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory to back up (default: $MUSHROOM_BACKUP_SOURCE, then config).",
+)
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout."
 )
@@ -95,7 +101,7 @@ class ProgressBar:
     """Bytes and files done, rate and ETA, redrawn on stderr at most 10 times a second.
 
     Does nothing unless stderr is a terminal. Implements the snapshot package's progress
-    callbacks (``set_total``, ``advance``, ``finish``).
+    callbacks (``start``, ``advance``), plus ``finish`` to end the line.
     """
 
     def __init__(self, label: str, *, stream: Any = None, enabled: bool | None = None) -> None:
@@ -109,11 +115,11 @@ class ProgressBar:
         self.started = time.monotonic()
         self._drawn = 0.0
 
-    def set_total(self, files: int, nbytes: int) -> None:
-        self.total_files, self.total_bytes = files, nbytes
+    def start(self, total_files: int, total_bytes: int) -> None:
+        self.total_files, self.total_bytes = total_files, total_bytes
         self._draw(force=True)
 
-    def advance(self, files: int = 0, nbytes: int = 0) -> None:
+    def advance(self, files: int, nbytes: int) -> None:
         self.done_files += files
         self.done_bytes += nbytes
         self._draw()

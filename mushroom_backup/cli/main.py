@@ -9,7 +9,10 @@ import click
 
 from .. import __version__
 from ..errors import EXIT_ERROR, EXIT_USAGE, MushroomError
+from .backup import backup, snapshots
+from .lease import lease
 from .node import node
+from .run import run_command
 
 
 class _Group(click.Group):
@@ -57,7 +60,11 @@ def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
     ctx.meta["mushroom.config_path"] = config_path
 
 
+cli.add_command(backup)
+cli.add_command(snapshots)
+cli.add_command(lease)
 cli.add_command(node)
+cli.add_command(run_command)
 
 
 def main() -> None:

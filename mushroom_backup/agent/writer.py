@@ -1,0 +1,234 @@
+"""The writer: take the bucket lease, take snapshots through the write fence, give it back.
+
+* :func:`acquire_lease` -- one acquire, or keep trying for ``wait_s`` seconds; a refusal names
+  the holder and, when it is a service on this very host, says how to trigger that service
+  instead.
+* :class:`SnapshotRunner` -- runs one snapshot as a task over a
+  :class:`~mushroom_backup.lease.fenced.FencedStore`, so every write starts only while the
+  lease's write deadline holds and an in-flight write is cancelled at it. When the lease is
+  lost, :meth:`SnapshotRunner.lease_lost` cancels the task at once. A ``LATEST`` swap refused
+  because another writer moved it marks the lease lost. Whatever happens, a snapshot either
+  completes (manifest, then ``LATEST``) or is abandoned with ``LATEST`` untouched.
+* :func:`backup_now` -- the one-shot: acquire, keep renewed, one snapshot, release.
+
+Not here: the service loop (:mod:`.service`), the snapshot format (:mod:`..snapshot`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import log
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import Settings
+from ..errors import FenceClosed, LatestMoved, LeaseHeld, LeaseLost, StoreError, UsageError
+from ..lease.bucket import BucketLease, read_lease
+from ..lease.fenced import FencedStore
+from ..lease.record import LeaseWatch, new_instance_id
+from ..snapshot.backup import BackupOptions, SnapshotResult, take_snapshot
+from ..snapshot.manifest import WriterInfo
+from ..snapshot.progress import ProgressSink
+from ..store import ObjectStore, open_store
+
+_log = log.get("agent")
+
+
+@dataclass(frozen=True)
+class ClusterStamp:
+    """What a manifest records of the process lease, in a cluster."""
+
+    node_id: int
+    boot_incarnation: str
+    process_term: int
+
+
+def backup_options(settings: Settings) -> BackupOptions:
+    b = settings.backup
+    return BackupOptions(
+        excludes=tuple(b.excludes),
+        skip_unreadable=b.skip_unreadable,
+        chunk_size=b.chunk_size,
+        compression_level=b.compression_level,
+        upload_concurrency=b.upload_concurrency,
+        pack_size=b.pack_size,
+    )
+
+
+def lease_retry_interval(ttl_s: int) -> float:
+    """How often a contender looks at a held lease again: a third of the TTL, 1..10 s."""
+    return min(10.0, max(1.0, ttl_s / 3))
+
+
+async def held_message(store: ObjectStore, held: LeaseHeld) -> str:
+    """Why we cannot write, and what to do: a service on this host is triggered, not raced."""
+    view = await read_lease(store)
+    record = view.record if view is not None else None
+    if record is not None and record.host and record.host == socket.gethostname():
+        pid = f" (pid {record.pid})" if record.pid else ""
+        return (
+            f"the mushroom-backup service on this host{pid} holds the lease "
+            f"({record.instance_id}); trigger a snapshot there instead: "
+            "systemctl kill -s USR1 mushroom-backup"
+            + (f"  (or: kill -USR1 {record.pid})" if record.pid else "")
+        )
+    where = f" on host {record.host}" if record is not None and record.host else ""
+    return (
+        f"the backup prefix's lease is held by another instance ({held.instance_id}{where}); "
+        "wait for it to finish, or use --wait-lease SECONDS"
+    )
+
+
+async def acquire_lease(
+    store: ObjectStore,
+    settings: Settings,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    wait_s: float | None = None,
+    instance_id: str | None = None,
+) -> BucketLease:
+    """Take the lease, trying again for up to ``wait_s`` seconds while another instance holds
+    it. Raises :class:`LeaseHeld` (with the holder and what to do) when it stays held."""
+    me = instance_id or new_instance_id()
+    watch = LeaseWatch()
+    give_up = clock.monotonic() + (wait_s or 0.0)
+    while True:
+        try:
+            return await BucketLease.acquire(
+                store, ttl_s=settings.lease.ttl_s, instance_id=me, watch=watch, clock=clock
+            )
+        except LeaseHeld as held:
+            remaining = give_up - clock.monotonic()
+            if remaining <= 0:
+                raise LeaseHeld(held.instance_id, await held_message(store, held)) from None
+            _log.info(
+                "lease.waiting",
+                extra={"fields": {"holder": held.instance_id, "remaining_s": round(remaining)}},
+            )
+            await clock.sleep(min(lease_retry_interval(settings.lease.ttl_s), remaining))
+
+
+@dataclass
+class SnapshotRunner:
+    """Runs snapshots under a held lease; see the module docstring."""
+
+    store: ObjectStore
+    lease: BucketLease
+    settings: Settings
+    clock: Clock = SYSTEM_CLOCK
+    cluster: ClusterStamp | None = None
+    on_fence_closed: Callable[[], None] | None = None
+    _task: asyncio.Task[SnapshotResult] | None = field(default=None, init=False)
+    _lost: LeaseLost | None = field(default=None, init=False)
+
+    def writer(self) -> WriterInfo:
+        return WriterInfo(
+            instance_id=self.lease.instance_id,
+            exclusion=str(self.lease.exclusion),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            node_id=self.cluster.node_id if self.cluster else None,
+            boot_incarnation=self.cluster.boot_incarnation if self.cluster else None,
+            process_term=self.cluster.process_term if self.cluster else None,
+        )
+
+    def lease_lost(self, lost: LeaseLost) -> None:
+        """The lease is gone: cancel the snapshot in flight now (nothing waits for it)."""
+        self._lost = lost
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def cancel(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def snapshot(self, source: Path, progress: ProgressSink | None = None) -> SnapshotResult:
+        """One snapshot through the fence. Raises LeaseLost / FenceClosed (exit 4) when it is
+        abandoned because of the lease; ``LATEST`` is then untouched."""
+        if self._lost is not None or self.lease.lost:
+            raise self._lost or LeaseLost(None)
+        fenced = FencedStore(self.store, self.lease, self.clock)
+        self._task = asyncio.create_task(
+            take_snapshot(
+                fenced,
+                source,
+                options=backup_options(self.settings),
+                writer=self.writer(),
+                clock=self.clock,
+                progress=progress,
+            ),
+            name="snapshot",
+        )
+        try:
+            return await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if self._lost is not None and self._task.cancelled():
+                raise LeaseLost(
+                    self._lost.instance_id,
+                    f"{self._lost.message}; the snapshot in flight was abandoned and LATEST "
+                    "still names the previous snapshot",
+                ) from None
+            self._task.cancel()
+            raise
+        except LatestMoved:
+            self.lease.mark_lost()
+            raise
+        except FenceClosed:
+            if self.on_fence_closed is not None:
+                self.on_fence_closed()
+            raise
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._task
+            self._task = None
+
+
+async def backup_now(
+    settings: Settings,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    wait_lease_s: float | None = None,
+    progress: ProgressSink | None = None,
+    store: ObjectStore | None = None,
+) -> SnapshotResult:
+    """Acquire the lease, take one snapshot while keeping it renewed, release it."""
+    source = settings.require_source()
+    if not source.is_dir():
+        raise UsageError(f"source {source} is not a directory")
+    owned = store is None
+    target = store or open_store(settings.require_store(), conditional=settings.lease.conditional)
+    try:
+        lease = await acquire_lease(target, settings, clock=clock, wait_s=wait_lease_s)
+        runner = SnapshotRunner(target, lease, settings, clock)
+        try:
+            async with lease.keep_renewed(on_lost=runner.lease_lost):
+                return await runner.snapshot(source, progress)
+        finally:
+            try:
+                await lease.release()
+            except StoreError as error:
+                _log.warning(
+                    "lease.release_failed",
+                    extra={"fields": {"error": error.message, "expires_in_s": lease.ttl_s}},
+                )
+    finally:
+        if owned:
+            await target.close()
+
+
+__all__ = [
+    "ClusterStamp",
+    "SnapshotRunner",
+    "acquire_lease",
+    "backup_now",
+    "backup_options",
+    "held_message",
+    "lease_retry_interval",
+]

@@ -1,0 +1,44 @@
+"""``mushroom-backup run``: the service (see :mod:`mushroom_backup.agent.service`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..agent.service import Service
+from .common import run as run_coro
+from .common import settings_for, source_option, store_option
+
+
+@click.command("run")
+@store_option
+@source_option
+@click.option(
+    "--metrics-listen", metavar="HOST:PORT", default=None, help="Serve Prometheus metrics."
+)
+@click.option("--watch/--no-watch", default=None, help="Also snapshot after changes settle.")
+@click.pass_context
+def run_command(
+    ctx: click.Context,
+    store_url: str | None,
+    source: str | None,
+    metrics_listen: str | None,
+    watch: bool | None,
+) -> None:
+    """Run the agent: stand by or hold the lease, take snapshots on schedule, until SIGTERM.
+
+    SIGUSR1 takes a snapshot now; SIGHUP does not reload (restart to apply a new config).
+    """
+    settings = settings_for(
+        ctx,
+        {
+            ("store",): store_url,
+            ("source",): source,
+            ("metrics", "listen"): metrics_listen,
+            ("schedule", "watch"): watch,
+        },
+    )
+    settings.require_store()
+    settings.require_source()
+    sys.exit(run_coro(Service(settings).run()))
