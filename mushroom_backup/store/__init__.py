@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote, urlsplit
 
 from ..errors import UsageError
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 _HELP = "use s3://BUCKET/PREFIX, file:///ABSOLUTE/PATH or memory://NAME"
+# Letters, digits, '.', '-', '_' (AWS allows fewer; some S3-compatible services allow more).
+_BUCKET = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def parse_store_url(url: str) -> tuple[str, str, str]:
@@ -55,7 +58,10 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
     """
     if not url or not url.strip():
         raise UsageError(f"no store URL given; {_HELP}")
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        raise UsageError(f"store URL {url!r} cannot be parsed; {_HELP}") from None
     scheme = parts.scheme.lower()
     if "@" in parts.netloc:
         raise UsageError(
@@ -66,7 +72,7 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
         raise UsageError(f"store URL {url!r} must not have a query or fragment; {_HELP}")
     if scheme == "s3":
         bucket = parts.netloc
-        if not bucket or ":" in bucket:
+        if not _BUCKET.fullmatch(bucket):
             raise UsageError(f"store URL {url!r} names no valid bucket; {_HELP}")
         prefix = unquote(parts.path).strip("/")
         if any(seg in ("", ".", "..") for seg in prefix.split("/")) and prefix:
@@ -83,6 +89,8 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
         return "file", path.rstrip("/") or "/", ""
     if scheme == "memory":
         return "memory", parts.netloc + parts.path, ""
+    if not scheme and url.strip().startswith("/"):
+        raise UsageError(f"store URL {url!r} is a bare path; write it as file://{url.strip()}")
     raise UsageError(f"unsupported store URL {url!r}; {_HELP}")
 
 

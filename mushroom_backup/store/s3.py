@@ -202,7 +202,8 @@ def map_transport_error(error: BaseException, *, op: str, key: str) -> StoreErro
             key=key,
             retryable=True,
         )
-    return StoreError(f"{where}: {type(error).__name__}: {error}", key=key)
+    detail = " ".join(str(error).split())  # one line
+    return StoreError(f"{where}: {type(error).__name__}: {detail}", key=key)
 
 
 @contextmanager
@@ -305,7 +306,7 @@ class S3Store(ObjectStore):
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._client is None:
-                with _translated("connect", ""):
+                with _translated("client setup", self.url):
                     stack = AsyncExitStack()
                     session = AioSession()
                     endpoint = configured_endpoint(session)
