@@ -536,3 +536,34 @@ async def test_fences_are_listed_oldest_first(memory: MemoryStore, clock: FakeCl
         ProcessLeaseFence(rec(A, 1, 1), rec(B, 2, 2)),
         ProcessLeaseFence(rec(B, 2, 2), rec(C, 3, 3)),
     ]
+
+
+async def test_a_history_read_starts_over_when_a_record_vanishes_and_gives_up_after_the_bound(
+    memory: MemoryStore, clock: FakeClock
+) -> None:
+    await write(memory, rec(A, 1, 1), rec(A, 1, 2), rec(B, 2, 3))
+    faulty = FaultyStore(memory)
+    faulty.fail("get", key=lease_key(NODE, 1), error=NotFound, times=2)  # a pruner at work
+    store = leases(faulty, clock)
+    assert await store.find_takeover_from(A) == ProcessLeaseFence(rec(A, 1, 2), rec(B, 2, 3))
+    assert [op for op, _ in faulty.calls].count("list") == 3
+    faulty.fail("get", key=lease_key(NODE, 1), error=NotFound, times=3)
+    with pytest.raises(ProcessLeaseIO, match="history of node 7 changed during 3 read attempts"):
+        await store.read_history()
+
+
+async def test_a_proven_term_is_remembered_so_renewals_read_only_the_head(
+    memory: MemoryStore, clock: FakeClock
+) -> None:
+    await write(memory, rec(A, 1, 3))
+    faulty = FaultyStore(memory)
+    store = leases(faulty, clock)
+    await _take_over(store, clock)
+    await store.wait_prune()  # the prune every takeover starts
+    faulty.calls.clear()
+    assert await store.try_acquire(B, NOW) == Acquired(ProcessLease(NODE, B, 2, 5, NOW + TTL_MS))
+    assert [op for op, _ in faulty.calls] == ["list", "get", "put"]
+    fresh = leases(faulty, clock)  # a restarted process proves the term once from the index
+    faulty.calls.clear()
+    await fresh.try_acquire(B, NOW)
+    assert ("get", successor_fence_key(NODE, B, 2)) in faulty.calls
