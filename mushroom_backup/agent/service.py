@@ -39,6 +39,7 @@ from .. import log
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Settings
 from ..errors import (
+    EXIT_LEASE_LOST,
     FenceClosed,
     LeaseHeld,
     LeaseLost,
@@ -46,6 +47,7 @@ from ..errors import (
     StoreError,
 )
 from ..lease.bucket import BucketLease, LeaseView, read_lease
+from ..lease.process.holder import ProcessLeaseHolder
 from ..lease.record import LeaseWatch, new_instance_id
 from ..snapshot.catalog import read_latest
 from ..store import ObjectStore, open_store
@@ -71,7 +73,7 @@ class Service:
         clock: Clock = SYSTEM_CLOCK,
         notifier: Notifier | None = None,
         store: ObjectStore | None = None,
-        cluster: ClusterStamp | None = None,
+        identity: ProcessLeaseHolder | None = None,
         stop_grace_s: float = 30.0,
     ) -> None:
         self.settings = settings
@@ -80,7 +82,8 @@ class Service:
         self.notifier = notifier or Notifier()
         self.metrics = metrics_module.Metrics()
         self.instance_id = new_instance_id()
-        self.cluster = cluster
+        self.identity = identity
+        self.exit_code = 0
         self.stop_grace_s = stop_grace_s
         self._store = store
         self._stopping = asyncio.Event()
@@ -146,6 +149,8 @@ class Service:
                 background.append(asyncio.create_task(self._watchdog(interval)))
             if self.settings.schedule.watch:
                 background.append(asyncio.create_task(self._watch()))
+            if self.identity is not None:
+                background.append(asyncio.create_task(self._identity_watch(self.identity)))
             self.notifier.ready("standby: looking for the bucket lease")
             _log.info(
                 "service.started",
@@ -163,7 +168,7 @@ class Service:
                 if lease is None:
                     break
                 await self._hold(store, lease)
-            return 0
+            return self.exit_code
         finally:
             self.notifier.stopping()
             for task in background:
@@ -265,12 +270,16 @@ class Service:
                 self._runner.lease_lost(error)
             self._wake.set()
 
+        identity = self.identity
         runner = SnapshotRunner(
             store,
             lease,
             self.settings,
             self.clock,
-            cluster=self.cluster,
+            cluster=None
+            if identity is None or identity.term is None
+            else ClusterStamp(identity.node_id, str(identity.boot_incarnation), identity.term),
+            extra_fence=identity,
             on_fence_closed=self._fence_closed,
         )
         self._runner = runner
@@ -378,6 +387,21 @@ class Service:
                 self._status_holding()
 
     # --- background helpers ----------------------------------------------------------------
+
+    async def _identity_watch(self, identity: ProcessLeaseHolder) -> None:
+        """A fenced incarnation is no longer node N: stop (exit 4) and let a restart make a new
+        incarnation."""
+        reason = await identity.wait_lost()
+        _log.error(
+            "process_lease.lost",
+            extra=_fields(
+                node=identity.node_id, incarnation=str(identity.boot_incarnation), reason=reason
+            ),
+        )
+        self.exit_code = EXIT_LEASE_LOST
+        if self._runner is not None:
+            self._runner.cancel()
+        self.stop()
 
     async def _watchdog(self, interval: float) -> None:
         while True:

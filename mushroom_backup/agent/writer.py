@@ -29,12 +29,13 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Settings
 from ..errors import FenceClosed, LatestMoved, LeaseHeld, LeaseLost, StoreError, UsageError
 from ..lease.bucket import BucketLease, read_lease
-from ..lease.fenced import FencedStore
+from ..lease.fenced import Fence, FencedStore
 from ..lease.record import LeaseWatch, new_instance_id
 from ..snapshot.backup import BackupOptions, SnapshotResult, take_snapshot
 from ..snapshot.manifest import WriterInfo
 from ..snapshot.progress import ProgressSink
 from ..store import ObjectStore, open_store
+from .identity import CombinedFence
 
 _log = log.get("agent")
 
@@ -122,6 +123,8 @@ class SnapshotRunner:
     settings: Settings
     clock: Clock = SYSTEM_CLOCK
     cluster: ClusterStamp | None = None
+    #: Another fence every write must also pass (the process lease, in a cluster).
+    extra_fence: Fence | None = None
     on_fence_closed: Callable[[], None] | None = None
     _task: asyncio.Task[SnapshotResult] | None = field(default=None, init=False)
     _lost: LeaseLost | None = field(default=None, init=False)
@@ -152,7 +155,10 @@ class SnapshotRunner:
         abandoned because of the lease; ``LATEST`` is then untouched."""
         if self._lost is not None or self.lease.lost:
             raise self._lost or LeaseLost(None)
-        fenced = FencedStore(self.store, self.lease, self.clock)
+        fence: Fence = self.lease
+        if self.extra_fence is not None:
+            fence = CombinedFence((self.lease, self.extra_fence))
+        fenced = FencedStore(self.store, fence, self.clock)
         self._task = asyncio.create_task(
             take_snapshot(
                 fenced,

@@ -16,7 +16,6 @@ that decides the root, so a shared config helper can replace it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, BinaryIO, TypeVar
@@ -37,7 +36,7 @@ from ..lease.process.record import (
 )
 from ..lease.process.store import ProcessLeaseStore
 from ..store import open_store
-from .common import echo_json, json_option, run
+from .common import echo_json, json_option, run, settings_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,13 +45,15 @@ DEFAULT_IO_BUDGET_S = 10.0
 
 
 def cluster_root(root: str | None) -> str:
-    """The cluster root URL: ``--root``, else ``$MUSHROOM_BACKUP_CLUSTER_ROOT``."""
-    chosen = root or os.environ.get(ROOT_ENV)
-    if not chosen:
+    """The cluster root URL: ``--root``, else ``$MUSHROOM_BACKUP_CLUSTER_ROOT``, else the
+    config's ``[cluster] root``."""
+    settings = settings_for(click.get_current_context(), {("cluster", "root"): root})
+    if not settings.cluster.root:
         raise UsageError(
-            f"no cluster root given; pass --root URL (e.g. s3://bucket/cluster) or set {ROOT_ENV}"
+            f"no cluster root given; pass --root URL (e.g. s3://bucket/cluster), set {ROOT_ENV}, "
+            "or set [cluster] root in the config file"
         )
-    return chosen
+    return settings.cluster.root
 
 
 class _Incarnation(click.ParamType[UUID]):

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..agent.identity import node_identity
 from ..agent.service import Service
 from .common import run as run_coro
 from .common import settings_for, source_option, store_option
@@ -18,6 +19,12 @@ from .common import settings_for, source_option, store_option
     "--metrics-listen", metavar="HOST:PORT", default=None, help="Serve Prometheus metrics."
 )
 @click.option("--watch/--no-watch", default=None, help="Also snapshot after changes settle.")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="In a cluster: if another process holds this node id, observe it for one TTL and take "
+    "over only if it never renewed.",
+)
 @click.pass_context
 def run_command(
     ctx: click.Context,
@@ -25,6 +32,7 @@ def run_command(
     source: str | None,
     metrics_listen: str | None,
     watch: bool | None,
+    takeover: bool,
 ) -> None:
     """Run the agent: stand by or hold the lease, take snapshots on schedule, until SIGTERM.
 
@@ -41,4 +49,9 @@ def run_command(
     )
     settings.require_store()
     settings.require_source()
-    sys.exit(run_coro(Service(settings).run()))
+
+    async def serve() -> int:
+        async with node_identity(settings, takeover=takeover) as identity:
+            return await Service(settings, identity=identity).run()
+
+    sys.exit(run_coro(serve()))
