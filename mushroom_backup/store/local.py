@@ -303,6 +303,11 @@ class _Directory:
 
     def delete(self, key: str, expected: Version | None) -> None:
         target = self.path(key)
+        if not os.path.lexists(target):
+            # Absent now: the delete is done (or, conditional, refused) at this instant.
+            if expected is not None:
+                raise NotFound(key)
+            return
         with self._locked():
             if expected is not None and self.current_version(key) != expected:
                 raise PreconditionFailed(key, "the object changed")

@@ -27,6 +27,7 @@ from mushroom_backup.store.s3 import (
     configured_endpoint,
     map_client_error,
     map_transport_error,
+    new_session,
     resolve_region,
 )
 
@@ -419,3 +420,20 @@ async def test_a_missing_profile_is_a_clear_error_at_first_use(
 
     assert "the AWS profile named by AWS_PROFILE" in failed.value.message
     assert not failed.value.retryable
+
+
+async def test_each_store_reads_the_environment_afresh_but_parses_the_model_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoints = []
+    sessions = []
+    for port in (8333, 9000):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        async with S3Store("backups", "p") as store:
+            client: Any = await store._s3()
+            endpoints.append(client.meta.endpoint_url)
+        sessions.append(new_session())
+
+    assert endpoints == ["http://127.0.0.1:8333", "http://127.0.0.1:9000"]
+    assert sessions[0] is not sessions[1]
+    assert sessions[0].get_component("data_loader") is sessions[1].get_component("data_loader")
