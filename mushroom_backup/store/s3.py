@@ -16,7 +16,8 @@ Promises
   ``bucket.s3.region.amazonaws.com`` wherever the bucket name allows it).
 * Conditional writes are sent as ``If-None-Match: *`` (CREATE) and ``If-Match: <etag>``
   (Update, conditional delete), the ETag exactly as the service returned it, quotes included.
-  A :class:`~mushroom_backup.store.base.Version` is that ETag plus the VersionId if any.
+  A :class:`~mushroom_backup.store.base.Version` is that ETag plus the VersionId if any
+  (``list`` gives the ETag alone: ListObjectsV2 reports no VersionId).
 * One aiobotocore client per store, created on first use inside the running event loop and
   closed by :meth:`S3Store.close` (or ``async with``). Up to 32 pooled connections, so 16
   concurrent uploads and their reads never queue on the pool.
@@ -34,6 +35,10 @@ Not promised
   :mod:`mushroom_backup.retry`, in the caller.
 * That the service honours the conditions (Ceph RGW 16 never matches a quoted ``If-Match``;
   MinIO is reported to ignore ``If-Match`` on DELETE). The bucket lease probes for that.
+* A store belongs to the event loop of its first use (its client and connections do).
+* SeaweedFS quirks (measured with 4.48): it lists in directory-tree order (see base.py), and
+  it refuses a create-only write of ``a`` while ``a/...`` keys exist (a false AlreadyExists);
+  the mushroom-backup layout never makes a key that is also a "directory" of other keys.
 * Checksums beyond what the service requires (``when_required``): some S3-compatible services
   reject botocore's default trailing CRC checksums; data integrity is checked above the store
   (content-addressed chunks).
