@@ -41,6 +41,7 @@ class Request:
     head_bytes: int = 0
     status: int = 0
     expect_continue: bool = False
+    streaming: bool = False  #: signed in aws-chunked pieces (STREAMING-... payload hash)
     got_continue: bool = False
     answered: bool = False
 
@@ -56,6 +57,7 @@ class Totals:
     wire_bytes_down: int
     statuses: dict[int, int]
     parse_errors: int
+    streaming_requests: int
     uploads: list[tuple[str, int]] = field(default_factory=list)  #: (path, body bytes) of PUT/POST
 
 
@@ -177,6 +179,7 @@ class _Connection:
             path = urllib.parse.unquote(urllib.parse.urlsplit(target).path)
             request = Request(method, path, head_bytes=end + 4)
             request.expect_continue = headers.get("expect", "").lower() == "100-continue"
+            request.streaming = headers.get("x-amz-content-sha256", "").startswith("STREAMING")
             self.pending.append(request)
             self.proxy._record(request)
             self.up_request = request
@@ -282,6 +285,7 @@ class CountingProxy:
             wire_bytes_down=wire_down,
             statuses=dict(Counter(r.status for r in chosen)),
             parse_errors=self.parse_errors,
+            streaming_requests=sum(r.streaming for r in chosen),
             uploads=[(r.path, r.body_bytes) for r in chosen if r.method in ("PUT", "POST")],
         )
 
