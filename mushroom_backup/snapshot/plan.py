@@ -1,0 +1,209 @@
+"""Decisions of backup and restore, as plain functions of their inputs (no I/O, no clock).
+
+* :func:`unchanged` / :func:`plan_files` -- which files can reuse the parent snapshot's chunk
+  list without being read: same size, mtime_ns, ctime_ns and inode as the parent recorded, and
+  the parent did not flag the file unstable.
+* :class:`ChunkIndex` -- which chunks are new: the parent snapshot's chunk table (the chunks
+  known to be stored) plus what this snapshot stored so far. A chunk in neither is new.
+* :func:`plan_restore` -- how to fetch what a restore needs: the files' chunks in file order,
+  cut into *runs* (one ranged GET each) of chunks that lie close together in one pack, with a
+  small cache for chunks used more than once (e.g. the zero pages of a database file), so a
+  repeated chunk is fetched once while it fits the cache.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .manifest import ChunkLocation, FileEntry, Manifest
+from .pack import SealedPack
+from .scan import ScannedEntry
+
+# --- backup ------------------------------------------------------------------------------------
+
+
+def unchanged(scanned: ScannedEntry, previous: FileEntry) -> bool:
+    """Whether a file may keep the chunk list the parent recorded without being read."""
+    return (
+        not previous.unstable
+        and scanned.size == previous.size
+        and scanned.mtime_ns == previous.mtime_ns
+        and scanned.ctime_ns == previous.ctime_ns
+        and scanned.inode == previous.inode
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FilePlan:
+    """``reuse``: path -> the parent's entry, taken as is; ``read``: files to read, in path
+    order."""
+
+    reuse: Mapping[str, FileEntry]
+    read: tuple[ScannedEntry, ...]
+
+
+def plan_files(scanned: Sequence[ScannedEntry], parent: Manifest | None) -> FilePlan:
+    """Split the scanned files into those reused from ``parent`` and those to read."""
+    previous: dict[str, FileEntry] = {}
+    if parent is not None:
+        previous = {e.path: e for e in parent.entries if isinstance(e, FileEntry)}
+    reuse: dict[str, FileEntry] = {}
+    read: list[ScannedEntry] = []
+    for entry in scanned:
+        if entry.kind != "file":
+            continue
+        old = previous.get(entry.path)
+        if old is not None and unchanged(entry, old):
+            reuse[entry.path] = old
+        else:
+            read.append(entry)
+    return FilePlan(reuse, tuple(read))
+
+
+@dataclass
+class ChunkIndex:
+    """Which chunks are stored: ``known`` (the parent's chunk table), chunks this snapshot
+    sealed into packs (with their locations), and ``pending`` ones waiting in the open pack.
+
+    Read from worker threads while the event loop adds to it: lookups and inserts are single
+    dict/set operations, which CPython performs atomically."""
+
+    known: Mapping[str, ChunkLocation] = field(default_factory=dict)
+    stored: dict[str, ChunkLocation] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+
+    def is_new(self, chunk_id: str) -> bool:
+        return not (chunk_id in self.known or chunk_id in self.stored or chunk_id in self.pending)
+
+    def add_pending(self, chunk_id: str) -> None:
+        self.pending.add(chunk_id)
+
+    def add_pack(self, pack: SealedPack) -> None:
+        for chunk in pack.chunks:
+            self.stored[chunk.chunk_id] = ChunkLocation(
+                pack.pack_id, chunk.offset, chunk.length, chunk.raw_length
+            )
+            self.pending.discard(chunk.chunk_id)
+
+    def location(self, chunk_id: str) -> ChunkLocation:
+        """Where a stored chunk is (KeyError for one never stored or still pending)."""
+        found = self.stored.get(chunk_id)
+        return found if found is not None else self.known[chunk_id]
+
+
+# --- restore -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreItem:
+    """One chunk of one file, in restore order.
+
+    ``fetch`` is ``(offset in the run's bytes, stored length)``, or None when the bytes come
+    from the cache (an earlier item kept them). ``keep``: put the bytes in the cache for a later
+    item; ``release``: this is the cached chunk's last use, drop it afterwards."""
+
+    file: int
+    index: int
+    chunk_id: str
+    raw_length: int
+    fetch: tuple[int, int] | None
+    keep: bool = False
+    release: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreRun:
+    """Consecutive items served by one ranged GET of ``length`` bytes at ``start`` of pack
+    ``pack_id`` (and, for items with no ``fetch``, by the cache)."""
+
+    pack_id: str
+    start: int
+    length: int
+    items: tuple[RestoreItem, ...]
+
+    @property
+    def raw_length(self) -> int:
+        return sum(item.raw_length for item in self.items)
+
+
+@dataclass
+class _OpenRun:
+    pack_id: str | None = None
+    start: int = 0
+    end: int = 0
+    raw: int = 0
+    items: list[RestoreItem] = field(default_factory=list)
+
+    def close(self) -> RestoreRun:
+        # The first item of every run is fetched: only later items can come from the cache.
+        assert self.pack_id is not None
+        return RestoreRun(self.pack_id, self.start, self.end - self.start, tuple(self.items))
+
+
+def plan_restore(
+    files: Sequence[FileEntry],
+    chunks: Mapping[str, ChunkLocation],
+    *,
+    max_run_bytes: int,
+    max_gap: int,
+    cache_bytes: int,
+) -> list[RestoreRun]:
+    """The runs that restore ``files`` (in this order, each file's chunks in order).
+
+    A run grows while the next fetched chunk lies in the same pack at or after the run's end,
+    no more than ``max_gap`` bytes further (the gap is downloaded and ignored), and neither the
+    run's stored span nor its raw bytes exceed ``max_run_bytes`` (a single larger chunk is a
+    run of its own). A chunk used again later is kept in a cache while the cache's raw bytes
+    stay within ``cache_bytes``; later uses read it from there, the last one releases it."""
+    remaining = Counter(chunk_id for entry in files for chunk_id in entry.chunks)
+    cached: dict[str, int] = {}
+    cache_used = 0
+    runs: list[RestoreRun] = []
+    run = _OpenRun()
+    for file_index, entry in enumerate(files):
+        for index, chunk_id in enumerate(entry.chunks):
+            location = chunks[chunk_id]
+            remaining[chunk_id] -= 1
+            last_use = remaining[chunk_id] == 0
+            if chunk_id in cached:
+                if last_use:
+                    cache_used -= cached.pop(chunk_id)
+                run.items.append(
+                    RestoreItem(
+                        file_index, index, chunk_id, location.raw_length, None, False, last_use
+                    )
+                )
+                run.raw += location.raw_length
+                continue
+            keep = not last_use and cache_used + location.raw_length <= cache_bytes
+            if keep:
+                cached[chunk_id] = location.raw_length
+                cache_used += location.raw_length
+            extends = (
+                run.pack_id == location.pack_id
+                and run.end <= location.offset <= run.end + max_gap
+                and location.offset + location.length - run.start <= max_run_bytes
+                and run.raw + location.raw_length <= max_run_bytes
+            )
+            if not extends and run.pack_id is not None:
+                runs.append(run.close())
+                run = _OpenRun()
+            if run.pack_id is None:
+                run.pack_id, run.start = location.pack_id, location.offset
+            run.items.append(
+                RestoreItem(
+                    file_index,
+                    index,
+                    chunk_id,
+                    location.raw_length,
+                    (location.offset - run.start, location.length),
+                    keep,
+                )
+            )
+            run.end = location.offset + location.length
+            run.raw += location.raw_length
+    if run.items:
+        runs.append(run.close())
+    return runs

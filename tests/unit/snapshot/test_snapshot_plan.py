@@ -1,0 +1,210 @@
+"""Pure decisions: change detection against the parent, which chunks are new, restore runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mushroom_backup.snapshot.manifest import ChunkLocation, FileEntry
+from mushroom_backup.snapshot.pack import PackedChunk, SealedPack
+from mushroom_backup.snapshot.plan import (
+    ChunkIndex,
+    RestoreItem,
+    RestoreRun,
+    plan_files,
+    plan_restore,
+    unchanged,
+)
+from mushroom_backup.snapshot.scan import ScannedEntry
+
+SCANNED = ScannedEntry(
+    path="base/1",
+    kind="file",
+    mode=0o600,
+    mtime_ns=100,
+    ctime_ns=200,
+    size=4096,
+    inode=7,
+    dev=1,
+    uid=0,
+    gid=0,
+)
+
+
+def _entry(path: str, chunks: tuple[str, ...] = (), size: int = 4096, **extra: object) -> FileEntry:
+    fields: dict[str, object] = {
+        "type": "file",
+        "path": path,
+        "mode": 0o600,
+        "mtime_ns": 100,
+        "size": size,
+        "sha256": "f" * 64,
+        "chunks": chunks,
+        "inode": 7,
+        "dev": 1,
+        "ctime_ns": 200,
+        "uid": 0,
+        "gid": 0,
+    }
+    fields.update(extra)
+    return FileEntry.model_validate(fields)
+
+
+PREVIOUS = _entry("base/1")
+
+
+@pytest.mark.parametrize(
+    ("scanned", "previous", "expected"),
+    [
+        (SCANNED, PREVIOUS, True),
+        (replace(SCANNED, size=4097), PREVIOUS, False),
+        (replace(SCANNED, mtime_ns=101), PREVIOUS, False),
+        (replace(SCANNED, ctime_ns=201), PREVIOUS, False),  # chmod, or mtime set back
+        (replace(SCANNED, inode=8), PREVIOUS, False),  # replaced by rename
+        (replace(SCANNED, dev=2), PREVIOUS, True),  # dev numbers change across reboots
+        (replace(SCANNED, mode=0o644), PREVIOUS, True),  # (a chmod changes ctime as well)
+        (SCANNED, PREVIOUS.model_copy(update={"unstable": True}), False),
+    ],
+)
+def test_unchanged(scanned: ScannedEntry, previous: FileEntry, expected: bool) -> None:
+    assert unchanged(scanned, previous) is expected
+
+
+def test_plan_files_reuses_only_unchanged_files() -> None:
+    scanned = [
+        replace(SCANNED, path="a", kind="dir", size=0),
+        replace(SCANNED, path="a/same"),
+        replace(SCANNED, path="a/touched", mtime_ns=999),
+        replace(SCANNED, path="a/new"),
+        replace(SCANNED, path="a/link", kind="symlink", target="same"),
+    ]
+
+    class Parent:
+        entries = (_entry("a/same"), _entry("a/touched"), _entry("a/gone"))
+
+    plan = plan_files(scanned, Parent())  # type: ignore[arg-type]
+    assert list(plan.reuse) == ["a/same"]
+    assert plan.reuse["a/same"] is Parent.entries[0]
+    assert [e.path for e in plan.read] == ["a/touched", "a/new"]
+    first = plan_files(scanned, None)
+    assert first.reuse == {}
+    assert [e.path for e in first.read] == ["a/same", "a/touched", "a/new"]
+
+
+def test_chunk_index_new_pending_stored() -> None:
+    known = {"k" * 64: ChunkLocation("p" * 64, 0, 1, 1)}
+    index = ChunkIndex(known=known)
+    assert not index.is_new("k" * 64)
+    assert index.is_new("n" * 64)
+    index.add_pending("n" * 64)
+    assert not index.is_new("n" * 64)
+    pack = SealedPack("q" * 64, b"", (PackedChunk("n" * 64, 5, 6, 7),))
+    index.add_pack(pack)
+    assert not index.is_new("n" * 64)
+    assert index.pending == set()
+    assert index.location("n" * 64) == ChunkLocation("q" * 64, 5, 6, 7)
+    assert index.location("k" * 64) == known["k" * 64]
+    with pytest.raises(KeyError):
+        index.location("z" * 64)
+
+
+# --- restore runs ----------------------------------------------------------------------------
+
+A, B, C, D, Z = ("a" * 64, "b" * 64, "c" * 64, "d" * 64, "0" * 64)
+P, Q = ("p" * 64, "q" * 64)
+LOCATIONS = {
+    A: ChunkLocation(P, 0, 10, 100),
+    B: ChunkLocation(P, 10, 10, 100),
+    C: ChunkLocation(P, 50, 10, 100),  # 30 bytes after B's end
+    D: ChunkLocation(Q, 0, 10, 100),
+    Z: ChunkLocation(Q, 10, 5, 100),
+}
+
+
+def _files(*chunk_lists: tuple[str, ...]) -> list[FileEntry]:
+    return [_entry(f"f{i}", chunks, 100 * len(chunks)) for i, chunks in enumerate(chunk_lists)]
+
+
+def _shape(runs: list[RestoreRun]) -> list[tuple[str, int, int, list[str]]]:
+    """(pack, start, length, [chunk or 'cache:chunk']) per run, for readable tables."""
+    return [
+        (
+            run.pack_id[:1],
+            run.start,
+            run.length,
+            [i.chunk_id[:1] if i.fetch else "cache:" + i.chunk_id[:1] for i in run.items],
+        )
+        for run in runs
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "max_run", "gap", "cache", "expected"),
+    [
+        # adjacent chunks of one pack, across files: one run
+        ([(A,), (B,)], 1000, 0, 0, [("p", 0, 20, ["a", "b"])]),
+        # a gap within the allowance is read and skipped
+        ([(A, B, C)], 1000, 30, 0, [("p", 0, 60, ["a", "b", "c"])]),
+        # ... and beyond it starts a new run
+        ([(A, B, C)], 1000, 29, 0, [("p", 0, 20, ["a", "b"]), ("p", 50, 10, ["c"])]),
+        # another pack starts a new run
+        ([(A, D)], 1000, 0, 0, [("p", 0, 10, ["a"]), ("q", 0, 10, ["d"])]),
+        # going backwards in a pack starts a new run
+        ([(B, A)], 1000, 0, 0, [("p", 10, 10, ["b"]), ("p", 0, 10, ["a"])]),
+        # the raw size bound splits runs (a single chunk always fits)
+        ([(A, B)], 150, 0, 0, [("p", 0, 10, ["a"]), ("p", 10, 10, ["b"])]),
+        ([(A,)], 50, 0, 0, [("p", 0, 10, ["a"])]),
+        # a repeated chunk (zero pages) is fetched once and served from the cache
+        (
+            [(Z, D, Z, Z)],
+            1000,
+            0,
+            1000,
+            [("q", 10, 5, ["0"]), ("q", 0, 10, ["d", "cache:0", "cache:0"])],
+        ),
+        # ... unless the cache is too small: then it is fetched each time
+        (
+            [(Z, D, Z)],
+            1000,
+            0,
+            99,
+            [("q", 10, 5, ["0"]), ("q", 0, 15, ["d", "0"])],
+        ),
+        ([], 1000, 0, 0, []),
+    ],
+)
+def test_plan_restore_runs(
+    files: list[tuple[str, ...]],
+    max_run: int,
+    gap: int,
+    cache: int,
+    expected: list[tuple[str, int, int, list[str]]],
+) -> None:
+    runs = plan_restore(
+        _files(*files), LOCATIONS, max_run_bytes=max_run, max_gap=gap, cache_bytes=cache
+    )
+    assert _shape(runs) == expected
+
+
+def test_plan_restore_items_know_their_file_offset_and_cache_lifetime() -> None:
+    runs = plan_restore(
+        _files((Z, D), (Z,)), LOCATIONS, max_run_bytes=1000, max_gap=0, cache_bytes=1000
+    )
+    items = [item for run in runs for item in run.items]
+    assert items == [
+        RestoreItem(0, 0, Z, 100, (0, 5), keep=True),
+        RestoreItem(0, 1, D, 100, (0, 10)),
+        RestoreItem(1, 0, Z, 100, None, release=True),
+    ]
+
+
+def test_cached_chunks_ride_along_with_the_current_run() -> None:
+    runs = plan_restore(
+        _files((Z, D), (Z,)), LOCATIONS, max_run_bytes=100, max_gap=0, cache_bytes=1000
+    )
+    assert _shape(runs) == [("q", 10, 5, ["0"]), ("q", 0, 10, ["d", "cache:0"])]
+    runs = plan_restore(
+        _files((D, Z, Z)), LOCATIONS, max_run_bytes=100, max_gap=0, cache_bytes=1000
+    )
+    assert _shape(runs)[-1] == ("q", 10, 5, ["0", "cache:0"])
