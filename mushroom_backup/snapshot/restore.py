@@ -1,0 +1,489 @@
+"""Restoring a snapshot into a directory, or verifying it without writing anything.
+
+:func:`restore_snapshot` reads the manifest (strictly validated: an absolute path, ``..``, an
+entry below a symlink is :class:`~mushroom_backup.errors.UnsafePath` before anything is
+written), then:
+
+1. creates the directories (owner-only at first, so that read-only ones can be filled),
+2. restores the files: their chunks are fetched with ranged GETs of nearby chunks
+   (:func:`.plan.plan_restore`), ``download_concurrency`` at a time, decompressed and checked
+   against their SHA-256 on ``workers`` threads; one writer thread then writes each file, in
+   order, to a temporary name in its directory while hashing it, checks the whole-file SHA-256,
+   sets its mode, owner (when run as root) and mtime, and renames it into place,
+3. creates the symlinks (as links, never followed) the same way, via a temporary name,
+4. sets the directories' modes and mtimes, deepest first.
+
+Promises
+--------
+* Nothing half-written is ever left under a final name: a file appears under its name only
+  complete and verified. On any failure -- a missing pack, a truncated object, a chunk or file
+  hash mismatch (:class:`~mushroom_backup.errors.IntegrityError`, exit 5, naming the file and
+  the object), a store error, cancellation -- the temporary file in progress is removed; files
+  already renamed into place are complete and verified.
+* A non-empty target is refused unless ``force``; with ``force`` files are replaced (via
+  rename), other existing files are left alone, and an existing symlink where the manifest has a
+  directory is refused (UnsafePath): restore never writes through a symlink.
+* ``verify_only`` downloads, decompresses and checks every chunk and every whole file, and
+  writes nothing (no target is needed).
+* Memory is bounded: at most ``download_concurrency + 2`` runs of at most 4 MiB of raw data in
+  flight, plus a cache of at most 16 MiB for chunks used more than once.
+
+Not promised: restoring hard links (each name is its own file), sparse regions (written as
+zeros), extended attributes or ACLs, atime (set to the mtime), ``fsync`` of restored files (run
+``sync`` before relying on them after a crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import IntegrityError, NotFound, SnapshotError, UnsafePath, UsageError
+from ..store.base import ObjectStore
+from .catalog import get_range_retrying, load_manifest, read_latest
+from .manifest import DirEntry, FileEntry, Manifest, SymlinkEntry
+from .metered import MeteredStore
+from .pack import decompress_chunk, pack_key
+from .plan import RestoreRun, plan_restore
+from .progress import NoProgress, ProgressSink
+
+KiB = 1024
+MiB = 1024 * KiB
+MAX_RUN_BYTES = 4 * MiB
+MAX_GAP = 256 * KiB
+CACHE_BYTES = 16 * MiB
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+log = logging.getLogger("mushroom_backup.snapshot")
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    snapshot_id: str
+    files: int
+    dirs: int
+    symlinks: int
+    bytes: int
+    bytes_downloaded: int
+    requests: int
+    duration_s: float
+    verify_only: bool
+
+
+def _temp_name(directory: str) -> str:
+    return os.path.join(directory, f".mushroom-restore-{secrets.token_hex(8)}.tmp")
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+# --- the target --------------------------------------------------------------------------------
+
+
+def _prepare_target(target: Path, force: bool) -> str:
+    """The target's real path, created if absent; refuse a non-empty one without ``force``."""
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise UsageError(f"restore target {target} exists and is not a directory")
+        if not force and any(target.iterdir()):
+            raise UsageError(
+                f"restore target {target} is not empty; restore into an empty directory, "
+                "or pass --force to replace the files the snapshot contains"
+            )
+    else:
+        target.mkdir(parents=True)
+    return os.path.realpath(target)
+
+
+def _make_dirs(root: str, dirs: Sequence[DirEntry]) -> None:
+    """Create the directories, parents first (the manifest is sorted), refusing to go through
+    an existing symlink or over a non-directory."""
+    for entry in dirs:
+        path = os.path.join(root, entry.path)
+        try:
+            os.mkdir(path, 0o700)
+            continue
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePath(
+                f"refusing to restore {entry.path!r}: it is a symlink in the target, and "
+                "restore never writes through a symlink; remove it or restore elsewhere"
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise SnapshotError(
+                f"cannot restore directory {entry.path!r}: {path} exists and is not a directory"
+            )
+
+
+def _finish_dirs(root: str, dirs: Sequence[DirEntry]) -> None:
+    for entry in reversed(dirs):
+        path = os.path.join(root, entry.path)
+        if _as_root():
+            os.lchown(path, entry.uid, entry.gid)
+        os.chmod(path, entry.mode)
+        os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns))
+
+
+def _place(temp: str, final: str, what: str) -> None:
+    try:
+        os.replace(temp, final)
+    except OSError as e:
+        _unlink_quietly(temp)
+        raise SnapshotError(f"cannot restore {what}: {final}: {e.strerror}") from None
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _make_symlinks(root: str, links: Sequence[SymlinkEntry]) -> None:
+    for entry in links:
+        final = os.path.join(root, entry.path)
+        temp = _temp_name(os.path.dirname(final))
+        os.symlink(entry.target, temp)
+        try:
+            if _as_root():
+                os.lchown(temp, entry.uid, entry.gid)
+            os.utime(temp, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+        except BaseException:
+            _unlink_quietly(temp)
+            raise
+        _place(temp, final, f"symlink {entry.path!r}")
+
+
+# --- writing files -----------------------------------------------------------------------------
+
+
+class _OutFile:
+    """One file being restored (or verified): a temporary file and the running hash."""
+
+    def __init__(self, root: str | None, entry: FileEntry) -> None:
+        self.entry = entry
+        # A one-chunk file's hash is its chunk's id, already checked when it was decompressed.
+        self.hasher = hashlib.sha256() if len(entry.chunks) > 1 else None
+        self.fd: int | None = None
+        self.temp: str | None = None
+        self.final: str | None = None
+        if root is not None:
+            self.final = os.path.join(root, entry.path)
+            self.temp = _temp_name(os.path.dirname(self.final))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            self.fd = os.open(self.temp, flags, 0o600)
+
+    def write(self, data: bytes) -> None:
+        if self.hasher is not None:
+            self.hasher.update(data)
+        if self.fd is not None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view) :]
+
+    def finish(self) -> None:
+        entry = self.entry
+        if self.hasher is not None:
+            digest = self.hasher.hexdigest()
+        else:
+            digest = entry.chunks[0] if entry.chunks else EMPTY_SHA256
+        if digest != entry.sha256:
+            self.discard()
+            raise IntegrityError(
+                f"restoring {entry.path!r}: the restored content does not match the file's "
+                "recorded SHA-256 (the manifest or the data is corrupt)"
+            )
+        if self.fd is None or self.temp is None or self.final is None:
+            return
+        try:
+            if _as_root():
+                os.fchown(self.fd, entry.uid, entry.gid)
+            os.fchmod(self.fd, entry.mode)
+            os.utime(self.fd, ns=(entry.mtime_ns, entry.mtime_ns))
+        except BaseException:
+            self.discard()
+            raise
+        os.close(self.fd)
+        self.fd = None
+        _place(self.temp, self.final, f"file {entry.path!r}")
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.temp is not None:
+            _unlink_quietly(self.temp)
+            self.temp = None
+
+
+class _Writer:
+    """Applies decoded runs in plan order, from one thread. Holds at most one open file."""
+
+    def __init__(self, root: str | None, files: Sequence[FileEntry]) -> None:
+        self._root = root
+        self._files = files
+        self._cache: dict[str, bytes] = {}
+        self._current: _OutFile | None = None
+
+    def apply(self, run: RestoreRun, decoded: Sequence[bytes | None]) -> tuple[int, int]:
+        """Write one run's chunks; returns (files completed, bytes written)."""
+        done = written = 0
+        try:
+            for item, fetched in zip(run.items, decoded, strict=True):
+                data = self._cache[item.chunk_id] if fetched is None else fetched
+                if item.keep:
+                    self._cache[item.chunk_id] = data
+                if item.release:
+                    del self._cache[item.chunk_id]
+                entry = self._files[item.file]
+                if item.index == 0:
+                    self._current = _OutFile(self._root, entry)
+                assert self._current is not None
+                assert self._current.entry is entry
+                self._current.write(data)
+                written += len(data)
+                if item.index == len(entry.chunks) - 1:
+                    current, self._current = self._current, None
+                    current.finish()
+                    done += 1
+        except BaseException:
+            self.abort()
+            raise
+        return done, written
+
+    def abort(self) -> None:
+        """Remove the file in progress, if any."""
+        current, self._current = self._current, None
+        if current is not None:
+            current.discard()
+
+
+def _restore_empty_files(root: str | None, files: Sequence[FileEntry]) -> None:
+    for entry in files:
+        out = _OutFile(root, entry)
+        out.finish()
+
+
+# --- fetching ----------------------------------------------------------------------------------
+
+
+def _decode_run(
+    run: RestoreRun, data: bytes, files: Sequence[FileEntry], key: str
+) -> list[bytes | None]:
+    view = memoryview(data)
+    out: list[bytes | None] = []
+    for item in run.items:
+        if item.fetch is None:
+            out.append(None)
+            continue
+        offset, length = item.fetch
+        where = f"restoring {files[item.file].path!r} from pack {key}"
+        out.append(
+            decompress_chunk(view[offset : offset + length], item.chunk_id, item.raw_length, where)
+        )
+    return out
+
+
+class _Fetcher:
+    def __init__(
+        self,
+        store: ObjectStore,
+        files: Sequence[FileEntry],
+        pool: ThreadPoolExecutor,
+        sleep: Sleep,
+    ) -> None:
+        self._store = store
+        self._files = files
+        self._pool = pool
+        self._sleep = sleep
+
+    async def __call__(self, run: RestoreRun) -> list[bytes | None]:
+        key = pack_key(run.pack_id)
+        first = self._files[run.items[0].file].path
+        try:
+            data = await get_range_retrying(self._store, key, run.start, run.length, self._sleep)
+        except NotFound:
+            raise IntegrityError(
+                f"restoring {first!r}: pack {key} is missing from the store"
+            ) from None
+        if len(data) < run.length:
+            short = next(
+                item for item in run.items if item.fetch is not None and sum(item.fetch) > len(data)
+            )
+            raise IntegrityError(
+                f"restoring {self._files[short.file].path!r}: pack {key} is truncated (it "
+                f"ends {run.length - len(data)} bytes before chunk {short.chunk_id} does)"
+            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, _decode_run, run, data, self._files, key)
+
+
+async def _together(*coros: Coroutine[Any, Any, None]) -> None:
+    """Run coroutines concurrently; the first failure cancels the others and is raised."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            error = task.exception() if task.done() and not task.cancelled() else None
+            if error is not None:
+                raise error
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _restore_files(
+    store: ObjectStore,
+    root: str | None,
+    files: Sequence[FileEntry],
+    manifest: Manifest,
+    *,
+    download_concurrency: int,
+    workers: int,
+    sink: ProgressSink,
+    sleep: Sleep,
+) -> None:
+    runs = plan_restore(
+        files,
+        manifest.chunks,
+        max_run_bytes=MAX_RUN_BYTES,
+        max_gap=MAX_GAP,
+        cache_bytes=CACHE_BYTES,
+    )
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="mushroom-decode")
+    writer_thread = ThreadPoolExecutor(1, thread_name_prefix="mushroom-write")
+    writer = _Writer(root, files)
+    fetch = _Fetcher(store, files, pool, sleep)
+    window: asyncio.Queue[tuple[RestoreRun, asyncio.Task[list[bytes | None]]] | None]
+    window = asyncio.Queue(maxsize=download_concurrency)
+    fetching: set[asyncio.Task[list[bytes | None]]] = set()
+
+    async def produce() -> None:
+        for run in runs:
+            task = asyncio.create_task(fetch(run))
+            fetching.add(task)
+            task.add_done_callback(fetching.discard)
+            await window.put((run, task))
+        await window.put(None)
+
+    async def consume() -> None:
+        while (queued := await window.get()) is not None:
+            run, task = queued
+            decoded = await task
+            done, written = await loop.run_in_executor(writer_thread, writer.apply, run, decoded)
+            sink.advance(done, written)
+
+    try:
+        await _together(produce(), consume())
+    finally:
+        for task in list(fetching):
+            task.cancel()
+        await asyncio.gather(*fetching, return_exceptions=True)
+        pool.shutdown(wait=False, cancel_futures=True)
+        # After the run being written, if any: the writer removes its file in progress.
+        cleanup = loop.run_in_executor(writer_thread, writer.abort)
+        writer_thread.shutdown(wait=False)
+        await asyncio.shield(cleanup)
+
+
+async def restore_snapshot(
+    store: ObjectStore,
+    which: str,
+    target: Path | None,
+    *,
+    verify_only: bool = False,
+    force: bool = False,
+    download_concurrency: int = 8,
+    workers: int = 0,
+    progress: ProgressSink | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> RestoreResult:
+    """Restore snapshot ``which`` (an id, or ``"latest"``) into ``target``, or only verify it.
+    See the module docstring."""
+    if download_concurrency < 1:
+        raise UsageError("download concurrency must be at least 1")
+    sink = progress or NoProgress()
+    metered = MeteredStore(store)
+    started = clock.monotonic()
+    sleep = clock.sleep
+    if which == "latest":
+        latest = await read_latest(metered, sleep=sleep)
+        if latest is None:
+            raise SnapshotError(f"there is no snapshot in {store.url} yet; nothing to restore")
+        snapshot_id = latest.snapshot_id
+    else:
+        snapshot_id = which
+    manifest = await load_manifest(metered, snapshot_id, sleep=sleep)
+
+    entries = manifest.entries
+    dirs = [e for e in entries if isinstance(e, DirEntry)]
+    links = [e for e in entries if isinstance(e, SymlinkEntry)]
+    all_files = [e for e in entries if isinstance(e, FileEntry)]
+    files = [e for e in all_files if e.chunks]
+    empty = [e for e in all_files if not e.chunks]
+    total = sum(e.size for e in all_files)
+    sink.start(len(all_files), total)
+
+    root: str | None = None
+    if not verify_only:
+        if target is None:
+            raise UsageError("restore needs a target directory (--target DIR)")
+        root = await asyncio.to_thread(_prepare_target, target, force)
+        await asyncio.to_thread(_make_dirs, root, dirs)
+    await asyncio.to_thread(_restore_empty_files, root, empty)
+    sink.advance(len(empty), 0)
+    await _restore_files(
+        metered,
+        root,
+        files,
+        manifest,
+        download_concurrency=download_concurrency,
+        workers=workers or os.cpu_count() or 2,
+        sink=sink,
+        sleep=sleep,
+    )
+    if root is not None:
+        await asyncio.to_thread(_make_symlinks, root, links)
+        await asyncio.to_thread(_finish_dirs, root, dirs)
+
+    result = RestoreResult(
+        snapshot_id=snapshot_id,
+        files=len(all_files),
+        dirs=len(dirs),
+        symlinks=len(links),
+        bytes=total,
+        bytes_downloaded=metered.bytes_downloaded,
+        requests=metered.requests,
+        duration_s=round(max(0.0, clock.monotonic() - started), 3),
+        verify_only=verify_only,
+    )
+    log.info(
+        "restore.verified" if verify_only else "restore.completed",
+        extra={
+            "fields": {
+                "snapshot_id": snapshot_id,
+                "files": result.files,
+                "bytes": result.bytes,
+                "bytes_downloaded": result.bytes_downloaded,
+                "requests": result.requests,
+                "duration_s": result.duration_s,
+            }
+        },
+    )
+    return result
