@@ -37,6 +37,7 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -475,6 +476,7 @@ class Measurement:
     log: str = ""
     parse_errors: int = 0
     streaming_requests: int = 0
+    repetition: int = 1  #: 0 in a summary: medians over the repetitions
 
 
 def measure(
@@ -544,12 +546,13 @@ def verify(source: Path, restored: Path) -> str:
 
 @dataclass
 class Report:
-    started: str
+    stamp: str
     args: dict[str, Any]
     environment: dict[str, Any]
     dataset: dict[str, Any]
     mutation: dict[str, Any] = field(default_factory=dict)
-    measurements: list[Measurement] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)  #: every repetition
+    summary: list[Measurement] = field(default_factory=list)  #: medians per tool and phase
     targets: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -570,6 +573,9 @@ def environment(tools: Sequence[Tool]) -> dict[str, Any]:
 def compare_run(args: argparse.Namespace) -> int:
     ensure_restic()
     tools_wanted = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = set(tools_wanted) - {"restic", "mushroom-backup"}
+    if unknown or not tools_wanted:
+        raise SystemExit(f"bench: --tools takes restic and/or mushroom-backup, not {unknown}")
     if "mushroom-backup" in tools_wanted and not mushroom_available():
         raise SystemExit(
             "bench: `mushroom-backup backup now --help` does not work yet; "
@@ -580,60 +586,19 @@ def compare_run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%S")
     failures = 0
     try:
-        source = work / "data"
-        print(f"bench: generating {dataset.human(args.size)} under {source}", file=sys.stderr)
-        summary = dataset.generate(source, args.size, args.largest, args.seed)
-        print(
-            f"bench: {summary.files} files, {dataset.human(summary.bytes)}, largest "
-            f"{dataset.human(summary.largest)}, zstd-3 ratio {summary.zstd3_ratio:.2f}x, "
-            f"{summary.mb_per_s:.0f} MB/s",
-            file=sys.stderr,
-        )
         with Seaweed(work) as seaweed, CountingProxy("127.0.0.1", seaweed.port) as proxy:
-            tools: list[Tool] = []
-            for name in tools_wanted:
-                tool_work = work / name
-                tool_work.mkdir()
-                cls = {"restic": Restic, "mushroom-backup": Mushroom}[name]
-                tool = cls(proxy.endpoint, tool_work)
-                tool.prepare(seaweed, tool_work / "log.txt")
-                tools.append(tool)
-            report = Report(
-                started=stamp,
-                args={k: v for k, v in vars(args).items() if k != "func"},
-                environment=environment(tools),
-                dataset=asdict(summary),
-            )
-            for index, phase in enumerate(PHASES):
-                if phase == "re-backup after 1% change":
-                    report.mutation = dataset.mutate(source, args.seed, 1, 0.01)
-                    print(
-                        f"bench: mutated {report.mutation['extents']} extents "
-                        f"({dataset.human(int(str(report.mutation['bytes_changed'])))})",
-                        file=sys.stderr,
-                    )
-                order = tools if index % 2 == 0 else tools[::-1]
-                for tool in order:
-                    log = tool.workdir / "log.txt"
-                    if phase == "restore" and not tool.can_restore():
-                        print(
-                            f"  {tool.name:16} restore: command missing, skipped", file=sys.stderr
-                        )
-                        continue
-                    if phase == "restore":
-                        target = tool.workdir / "restore"
-                        m = measure(tool, phase, tool.restore(target), seaweed, proxy, log)
-                        m.verified = verify(source, target)
-                        print(f"    restore check: {m.verified}", file=sys.stderr)
-                        if m.verified.startswith("DIFFERS"):
-                            failures += 1
-                        shutil.rmtree(target, ignore_errors=True)
-                    else:
-                        argv, cwd = tool.backup(source), tool.backup_cwd(source)
-                        m = measure(tool, phase, argv, seaweed, proxy, log, cwd)
-                    failures += m.exit_code != 0
-                    report.measurements.append(m)
-        report.targets = evaluate(report.measurements)
+            report: Report | None = None
+            for rep in range(args.repeat):
+                if args.repeat > 1:
+                    print(f"bench: repetition {rep + 1} of {args.repeat}", file=sys.stderr)
+                # Odd repetitions start with the other tool.
+                names = tools_wanted if rep % 2 == 0 else tools_wanted[::-1]
+                report, failed = one_comparison(args, work, rep, names, seaweed, proxy, report)
+                failures += failed
+        assert report is not None
+        report.stamp = stamp
+        report.summary = summarise(report.measurements)
+        report.targets = evaluate(report.summary, report.measurements)
         text = render(report)
         print(text)
         (OUT / f"compare-{stamp}.md").write_text(text)
@@ -643,6 +608,96 @@ def compare_run(args: argparse.Namespace) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     return 1 if failures else 0
+
+
+def one_comparison(
+    args: argparse.Namespace,
+    work: Path,
+    rep: int,
+    names: list[str],
+    seaweed: Seaweed,
+    proxy: CountingProxy,
+    report: Report | None,
+) -> tuple[Report, int]:
+    """One interleaved sequence of the four phases over a freshly generated data set."""
+    failures = 0
+    source = work / "data"
+    print(f"bench: generating {dataset.human(args.size)} under {source}", file=sys.stderr)
+    summary = dataset.generate(source, args.size, args.largest, args.seed, force=True)
+    print(
+        f"bench: {summary.files} files, {dataset.human(summary.bytes)}, largest "
+        f"{dataset.human(summary.largest)}, zstd-3 ratio {summary.zstd3_ratio:.2f}x, "
+        f"{summary.mb_per_s:.0f} MB/s",
+        file=sys.stderr,
+    )
+    tools: list[Tool] = []
+    for name in names:
+        tool_work = work / f"{name}-{rep + 1}"
+        tool_work.mkdir()
+        cls = {"restic": Restic, "mushroom-backup": Mushroom}[name]
+        tool = cls(proxy.endpoint, tool_work)
+        tool.prepare(seaweed, tool_work / "log.txt")
+        tools.append(tool)
+    if report is None:
+        report = Report(
+            stamp="",
+            args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            environment=environment(tools),
+            dataset=asdict(summary),
+        )
+    for index, phase in enumerate(PHASES):
+        if phase == "re-backup after 1% change":
+            report.mutation = dataset.mutate(source, args.seed, 1, 0.01)
+            print(
+                f"bench: mutated {report.mutation['extents']} extents "
+                f"({dataset.human(int(str(report.mutation['bytes_changed'])))})",
+                file=sys.stderr,
+            )
+        order = tools if index % 2 == 0 else tools[::-1]
+        for tool in order:
+            log = tool.workdir / "log.txt"
+            if phase == "restore" and not tool.can_restore():
+                print(f"  {tool.name:16} restore: command missing, skipped", file=sys.stderr)
+                continue
+            if phase == "restore":
+                target = tool.workdir / "restore"
+                m = measure(tool, phase, tool.restore(target), seaweed, proxy, log)
+                m.verified = verify(source, target)
+                print(f"    restore check: {m.verified}", file=sys.stderr)
+                failures += m.verified.startswith("DIFFERS")
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                argv, cwd = tool.backup(source), tool.backup_cwd(source)
+                m = measure(tool, phase, argv, seaweed, proxy, log, cwd)
+            m.repetition = rep + 1
+            failures += m.exit_code != 0
+            report.measurements.append(m)
+    shutil.rmtree(source, ignore_errors=True)
+    return report, failures
+
+
+def summarise(ms: Sequence[Measurement]) -> list[Measurement]:
+    """Per (tool, phase), the median of every figure over the repetitions (the measurement
+    itself when there is one)."""
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for m in ms:
+        groups.setdefault((m.tool, m.phase), []).append(m)
+    out: list[Measurement] = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        merged = dict(asdict(group[0]))
+        for name, value in merged.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                merged[name] = statistics.median(getattr(m, name) for m in group)
+        merged["exit_code"] = max(m.exit_code for m in group)
+        merged["repetition"] = 0
+        merged["verified"] = "; ".join(sorted({m.verified for m in group if m.verified}))
+        out.append(Measurement(**merged))
+    order = {phase: i for i, phase in enumerate(PHASES)}
+    out.sort(key=lambda m: (order[m.phase], ms.index(next(x for x in ms if x.tool == m.tool))))
+    return out
 
 
 def make_workdir(args: argparse.Namespace) -> Path:
@@ -658,8 +713,9 @@ def _pick(ms: Sequence[Measurement], tool: str, phase: str) -> Measurement | Non
     return next((m for m in ms if m.tool == tool and m.phase == phase), None)
 
 
-def evaluate(ms: Sequence[Measurement]) -> list[dict[str, Any]]:
-    """The issue's targets as ratios mushroom-backup / restic (same run)."""
+def evaluate(ms: Sequence[Measurement], every: Sequence[Measurement] = ()) -> list[dict[str, Any]]:
+    """The issue's targets as ratios mushroom-backup / restic (same run), from the medians
+    ``ms``; peak RSS is the highest of ``every`` repetition."""
     targets: list[dict[str, Any]] = []
 
     def ratio(phase: str, attr: str, limit: float, label: str) -> None:
@@ -699,7 +755,7 @@ def evaluate(ms: Sequence[Measurement]) -> list[dict[str, Any]]:
     ratio("re-backup after 1% change", "bytes_up", 1.0, "after 1% change: bytes uploaded")
     ratio("re-backup after 1% change", "wall_s", 1.0, "after 1% change: wall time")
     ratio("restore", "wall_s", 0.8, "restore wall time")
-    peaks = [m.tree_rss_mib for m in ms if m.tool == "mushroom-backup"]
+    peaks = [m.tree_rss_mib for m in [*ms, *every] if m.tool == "mushroom-backup"]
     if peaks:
         targets.append(
             {
@@ -712,14 +768,21 @@ def evaluate(ms: Sequence[Measurement]) -> list[dict[str, Any]]:
     return targets
 
 
-def _mib(n: int) -> str:
+def _mib(n: float) -> str:
     return f"{n / MiB:,.1f}"
+
+
+def _count(n: float) -> str:
+    """A count, or the median of counts (which may fall halfway)."""
+    return f"{n:g}"
 
 
 def render(report: Report) -> str:
     d = report.dataset
+    reps = max((m.repetition for m in report.measurements), default=1)
     lines = [
-        f"### mushroom-backup vs restic, {report.started}",
+        f"### mushroom-backup vs restic, {report.stamp}"
+        + (f" (medians of {reps} repetitions)" if reps > 1 else ""),
         "",
         f"Data set: {d['files']} files, {dataset.human(d['bytes'])}, largest "
         f"{dataset.human(d['largest'])}, zstd-3 ratio {d['zstd3_ratio']:.2f}x (seed {d['seed']})."
@@ -734,13 +797,13 @@ def render(report: Report) -> str:
         "downloaded MiB | stored MiB (objects) | load |",
         "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for m in report.measurements:
+    for m in report.summary:
         methods = " ".join(f"{k} {v}" for k, v in sorted(m.by_method.items()))
         flag = "" if m.exit_code == 0 else f" **exit {m.exit_code}**"
         lines.append(
             f"| {m.phase} | {m.tool}{flag} | {m.wall_s:.2f} | {m.cpu_s:.2f} | "
-            f"{m.tree_rss_mib:.0f} | {m.requests} ({methods}) | {_mib(m.bytes_up)} | "
-            f"{_mib(m.wire_down)} | {_mib(m.stored_bytes)} ({m.stored_objects}) | "
+            f"{m.tree_rss_mib:.0f} | {_count(m.requests)} ({methods}) | {_mib(m.bytes_up)} | "
+            f"{_mib(m.wire_down)} | {_mib(m.stored_bytes)} ({_count(m.stored_objects)}) | "
             f"{m.load_before:.1f} |"
         )
     if report.targets:
@@ -748,7 +811,7 @@ def render(report: Report) -> str:
         for t in report.targets:
             verdict = "PASS" if t["pass"] else "FAIL"
             lines.append(f"| {t['target']} | {t['measured']} | {t['limit']} | {verdict} |")
-    checks = [f"{m.tool}: {m.verified}" for m in report.measurements if m.verified]
+    checks = [f"{m.tool}: {m.verified}" for m in report.summary if m.verified]
     if checks:
         lines += ["", "Restore checks: " + "; ".join(checks) + "."]
     return "\n".join(lines) + "\n"
@@ -846,6 +909,9 @@ def main(argv: list[str] | None = None) -> int:
         "--tools",
         default="restic,mushroom-backup",
         help="comma-separated, in the order of the first phase (default restic,mushroom-backup)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="repetitions; the table shows medians (default 1)"
     )
     parser.add_argument("--rss-sweep", action="store_true", help="mushroom-backup RSS sweep only")
     parser.add_argument(
