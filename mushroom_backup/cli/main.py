@@ -12,6 +12,7 @@ from ..errors import EXIT_ERROR, EXIT_USAGE, MushroomError
 from .backup import backup, snapshots
 from .lease import lease
 from .node import node
+from .restore import restore
 from .run import run_command
 
 
@@ -62,6 +63,7 @@ def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
 
 cli.add_command(backup)
 cli.add_command(snapshots)
+cli.add_command(restore)
 cli.add_command(lease)
 cli.add_command(node)
 cli.add_command(run_command)
