@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 
 import pytest
 import zstandard
@@ -153,9 +154,11 @@ def test_a_pack_whose_bytes_do_not_match_its_name_is_corrupt() -> None:
         (lambda f: compress_chunk(b"other" * 1000, 3), 5000, "does not match its hash"),
     ],
 )
-def test_decompress_chunk_verifies(mangle: object, raw_length: int, message: str) -> None:
+def test_decompress_chunk_verifies(
+    mangle: Callable[[bytes], bytes], raw_length: int, message: str
+) -> None:
     data = b"alpha" * 1000
-    frame = mangle(compress_chunk(data, 3))  # type: ignore[operator]
+    frame = mangle(compress_chunk(data, 3))
     with pytest.raises(IntegrityError, match=message) as raised:
         decompress_chunk(frame, _id(data), raw_length, "restoring 'f' from pack P")
     assert str(raised.value).startswith("restoring 'f' from pack P: chunk ")
