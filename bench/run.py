@@ -520,7 +520,14 @@ def measure(
         parse_errors=totals.parse_errors,
         streaming_requests=totals.streaming_requests,
     )
-    status = "ok" if result.exit_code == 0 else f"EXIT {result.exit_code} (see {log})"
+    status = "ok"
+    if result.exit_code != 0:
+        # Keep the evidence: the work directory (and the log in it) is removed at the end.
+        kept = OUT / "failures" / f"{time.strftime('%Y%m%dT%H%M%S')}-{tool.name}.log"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, kept)
+        m.log = str(kept)
+        status = f"EXIT {result.exit_code} (log kept in {kept})"
     print(
         f"  {tool.name:16} {phase:27} {m.wall_s:8.2f} s  rss {m.tree_rss_mib:7.1f} MiB  "
         f"{m.requests:6d} req  up {dataset.human(m.bytes_up):>11}  "
@@ -848,7 +855,7 @@ def rss_sweep(args: argparse.Namespace) -> int:
                     "restore": None,
                 }
                 target = tool_work / "restore"
-                if tool.can_restore():
+                if backup.exit_code == 0 and tool.can_restore():
                     restore = measure(tool, "restore", tool.restore(target), seaweed, proxy, log)
                     restore.verified = verify(source, target)
                     failures += restore.exit_code != 0 or restore.verified.startswith("DIFFERS")
@@ -874,7 +881,8 @@ def rss_sweep(args: argparse.Namespace) -> int:
         restored = (
             f"{s['wall_s']:.1f} | {s['tree_rss_mib']:.0f} | {s['verified']}"
             if s
-            else "- | - | restore command missing"
+            else "- | - | not run: "
+            + ("backup failed" if b["exit_code"] else "restore command missing")
         )
         lines.append(
             f"| {dataset.human(r['largest'])} | {dataset.human(r['total'])} | {b['wall_s']:.1f} | "
@@ -882,11 +890,11 @@ def rss_sweep(args: argparse.Namespace) -> int:
         )
     if peaks:
         flat = max(peaks) <= 200 and max(peaks) <= 1.25 * min(peaks)
+        verdict = "INCOMPLETE (a run failed)" if failures else ("PASS" if flat else "FAIL")
         lines += [
             "",
-            f"Peak RSS {min(peaks):.0f}-{max(peaks):.0f} MiB: "
-            f"{'PASS' if flat else 'FAIL'} (<= 200 MiB and the largest peak within 1.25x the "
-            "smallest).",
+            f"Peak RSS {min(peaks):.0f}-{max(peaks):.0f} MiB: {verdict} "
+            "(target: every peak <= 200 MiB and the highest within 1.25x the lowest).",
         ]
     text = "\n".join(lines) + "\n"
     print(text)
