@@ -201,6 +201,18 @@ class Seaweed:
                 size += int(item["Size"])
         return objects, size
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time SeaweedFS has used so far (all its threads)."""
+        if self.process is None:
+            return 0.0
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        # fields[0] is the state (field 3); utime and stime are fields 14 and 15
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -460,6 +472,7 @@ class Measurement:
     exit_code: int
     wall_s: float
     cpu_s: float
+    server_cpu_s: float  #: SeaweedFS's CPU time during the phase
     peak_rss_mib: float
     tree_rss_mib: float
     requests: int
@@ -490,7 +503,9 @@ def measure(
 ) -> Measurement:
     load = os.getloadavg()[0]
     mark = proxy.mark()
+    server_cpu = seaweed.cpu_seconds()
     result = run_client(argv, tool.env(), log, cwd or tool.workdir)
+    server_cpu = seaweed.cpu_seconds() - server_cpu
     totals: Totals = proxy.since(mark)
     objects, stored = seaweed.stored(tool.bucket)
     kinds: dict[str, list[int]] = {}
@@ -504,6 +519,7 @@ def measure(
         exit_code=result.exit_code,
         wall_s=result.wall_s,
         cpu_s=round(result.user_s + result.sys_s, 3),
+        server_cpu_s=round(server_cpu, 2),
         peak_rss_mib=round(result.peak_rss_kib / 1024, 1),
         tree_rss_mib=round(result.tree_rss_kib / 1024, 1),
         requests=totals.requests,
@@ -800,15 +816,16 @@ def render(report: Report) -> str:
         + "; ".join(f"{v}" for v in report.environment["tools"].values())
         + ".",
         "",
-        "| phase | tool | wall s | CPU s | peak RSS MiB | requests | uploaded MiB | "
-        "downloaded MiB | stored MiB (objects) | load |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| phase | tool | wall s | CPU s | server CPU s | peak RSS MiB | requests | "
+        "uploaded MiB | downloaded MiB | stored MiB (objects) | load |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for m in report.summary:
         methods = " ".join(f"{k} {v}" for k, v in sorted(m.by_method.items()))
         flag = "" if m.exit_code == 0 else f" **exit {m.exit_code}**"
         lines.append(
             f"| {m.phase} | {m.tool}{flag} | {m.wall_s:.2f} | {m.cpu_s:.2f} | "
+            f"{m.server_cpu_s:.2f} | "
             f"{m.tree_rss_mib:.0f} | {_count(m.requests)} ({methods}) | {_mib(m.bytes_up)} | "
             f"{_mib(m.wire_down)} | {_mib(m.stored_bytes)} ({_count(m.stored_objects)}) | "
             f"{m.load_before:.1f} |"
