@@ -4,26 +4,47 @@ Life cycle::
 
     start ──► standby ──(lease acquired)──► holding ──(lease lost)──► standby ...
                  ▲                             │
-                 └──────── (SIGTERM/SIGINT) ───┴──► stopping: cancel or finish the snapshot in
-                                                    flight within ``stop_grace_s``, release the
-                                                    lease, STOPPING=1, exit 0
+                 └──────── (SIGTERM/SIGINT) ───┴──► stopping: finish the snapshot in flight
+                                                    within ``stop_grace_s`` or cancel it,
+                                                    release the lease, exit 0
 
-* **Standby**: while another instance holds a fresh lease, log who (instance id and host when
-  the record has them) and look again every :func:`~.writer.lease_retry_interval` -- a third of
-  the TTL, 1..10 s -- so a dead holder is replaced within one TTL plus one retry interval.
-  Store failures are logged and retried with growing pauses.
+* **Standby**: while another instance holds a fresh lease, log who (instance id, and host and
+  pid when the record has them) -- at INFO when the holder changes, at DEBUG on every further
+  look -- and look again after :func:`~.writer.next_look`: a third of the TTL (1..10 s), or
+  sooner, just after the moment the record we read goes stale. So a dead holder is replaced
+  within about one TTL of its last renewal (at most one TTL plus one retry interval), and a
+  lease released on shutdown is taken within one retry interval. Store failures are logged
+  and retried with growing pauses. A stop interrupts an acquire in flight; whatever record of
+  ours it may have written is handed back.
 * **Holding**: the lease is renewed every ttl/3 in the background (transient failures retried
   only while the fence is open). Snapshots run when :class:`~.triggers.Triggers` says so: on
   the interval (counted from the snapshot ``LATEST`` names, so a new holder does not snapshot
-  at once), after watched changes settle, or on SIGUSR1. A lost lease cancels the snapshot in
-  flight (``LATEST`` untouched) and the service goes back to standby -- it never exits for a
-  lost lease.
-* **Signals**: SIGTERM/SIGINT stop; SIGUSR1 requests a snapshot now; SIGHUP does *not* reload
-  the configuration -- it logs ``config.reload_unsupported`` saying to restart the unit.
+  at once), after watched changes settle, or on SIGUSR1. Triggers that arrive during a snapshot
+  coalesce into one follow-up. A lost lease cancels the snapshot in flight (nothing written
+  after that point, ``LATEST`` untouched), is logged (``service.lease_lost``), and the service
+  goes back to standby -- it never exits for a lost lease. A snapshot that fails for any other
+  reason is logged (``snapshot.failed``) and the next trigger tries again.
+* **Signals**: SIGTERM/SIGINT stop: no new snapshot starts, the one in flight gets
+  ``stop_grace_s`` to finish (a second SIGTERM/SIGINT cancels it at once), the lease is
+  released (bounded by ``release_timeout_s``; otherwise it expires after its TTL), exit 0.
+  SIGUSR1 requests a snapshot now -- while holding; a standby logs
+  ``service.snapshot_request_ignored`` naming the holder instead. SIGHUP does *not* reload the
+  configuration: it logs ``config.reload_unsupported`` saying to restart the unit.
+* **Node identity** (cluster): when the process lease is lost (this incarnation was fenced),
+  the snapshot in flight is cancelled at once, the bucket lease released, and ``run`` returns
+  4 so that a restart makes a new incarnation.
 * **systemd**: READY=1 once running, STATUS= on every state change, WATCHDOG=1 at half of
-  ``WATCHDOG_USEC`` while the event loop is alive, STOPPING=1 on shutdown.
+  ``WATCHDOG_USEC`` while the event loop is alive, STOPPING=1 as soon as a stop begins.
 
-Not promised: retention after each snapshot (``forget`` is its own command for now).
+Log events (JSON fields in parentheses): ``service.started`` (instance_id, ...),
+``service.standby`` (holder, holder_host, holder_pid, next_look_s), ``lease.acquired`` (from
+:mod:`..lease.bucket`), ``snapshot.triggered`` (reason), ``snapshot.started`` /
+``snapshot.completed`` (from :mod:`..snapshot.backup`), ``snapshot.abandoned`` /
+``snapshot.failed`` (reason / error), ``service.lease_lost`` (reason), ``lease.released``,
+``service.stopping``, ``service.stopped`` (exit_code).
+
+Not promised: retention after each snapshot (``forget`` is its own command for now); an early
+retry of a failed snapshot (the next one is one interval after the failed one started).
 """
 
 from __future__ import annotations
@@ -31,9 +52,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 from .. import log
 from ..clock import SYSTEM_CLOCK, Clock
@@ -46,17 +68,25 @@ from ..errors import (
     MushroomError,
     StoreError,
 )
-from ..lease.bucket import BucketLease, LeaseView, read_lease
+from ..lease.bucket import BucketLease, LeaseView, LeaseWatch, read_lease, release_own_record
 from ..lease.process.holder import ProcessLeaseHolder
-from ..lease.record import LeaseWatch, new_instance_id
+from ..lease.record import new_instance_id
+from ..snapshot.backup import SnapshotResult
 from ..snapshot.catalog import read_latest
 from ..store import ObjectStore, open_store
 from . import metrics as metrics_module
 from .notify import Notifier, watchdog_interval
 from .triggers import Schedule, Triggers
-from .writer import ClusterStamp, SnapshotRunner, lease_retry_interval
+from .writer import ClusterStamp, SnapshotRunner, lease_retry_interval, next_look
 
 _log = log.get("agent.service")
+
+T = TypeVar("T")
+
+State = Literal["starting", "standby", "holding", "stopping"]
+
+#: The longest pause between two acquire attempts while the store keeps failing.
+MAX_STORE_BACKOFF_S = 300.0
 
 
 def _fields(**fields: object) -> dict[str, dict[str, object]]:
@@ -64,7 +94,11 @@ def _fields(**fields: object) -> dict[str, dict[str, object]]:
 
 
 class Service:
-    """The agent; see the module docstring. ``run()`` returns the process exit code."""
+    """The agent; see the module docstring. ``run()`` returns the process exit code.
+
+    Tests drive it with a :class:`~mushroom_backup.clock.FakeClock`, an in-memory ``store`` and
+    a recording ``notifier``; :attr:`state` says where the loop is.
+    """
 
     def __init__(
         self,
@@ -75,6 +109,8 @@ class Service:
         store: ObjectStore | None = None,
         identity: ProcessLeaseHolder | None = None,
         stop_grace_s: float = 30.0,
+        release_timeout_s: float = 10.0,
+        install_signal_handlers: bool = True,
     ) -> None:
         self.settings = settings
         self.source = settings.require_source()
@@ -85,10 +121,15 @@ class Service:
         self.identity = identity
         self.exit_code = 0
         self.stop_grace_s = stop_grace_s
+        self.release_timeout_s = release_timeout_s
+        self.install_signal_handlers = install_signal_handlers
+        self.state: State = "starting"
         self._store = store
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
         self._wake = asyncio.Event()
         self._runner: SnapshotRunner | None = None
+        self._holder_seen: str | None = None
         schedule = settings.schedule
         self.triggers = Triggers(
             Schedule(schedule.interval_s, schedule.watch, schedule.debounce_s, schedule.min_gap_s)
@@ -98,14 +139,40 @@ class Service:
     # --- control (signal handlers, tests) ---------------------------------------------------
 
     def stop(self) -> None:
-        """Stop taking snapshots, finish or cancel the one in flight, release, exit."""
-        if not self._stopping.is_set():
-            _log.info("service.stopping", extra=_fields(instance_id=self.instance_id))
+        """Stop taking snapshots, finish (within the grace) or cancel the one in flight,
+        release the lease, return. A second call cancels the snapshot in flight at once."""
+        if self._stopping.is_set():
+            if not self._hurry.is_set():
+                _log.warning(
+                    "service.stop_hurried",
+                    extra=_fields(reason="stopped again: the snapshot in flight is cancelled now"),
+                )
+            self._hurry.set()
+            return
+        _log.info("service.stopping", extra=_fields(instance_id=self.instance_id))
+        self.notifier.stopping(
+            "stopping: finishing or cancelling the snapshot in flight, then releasing the lease"
+        )
+        self.state = "stopping"
         self._stopping.set()
         self._wake.set()
 
     def request_snapshot(self) -> None:
-        """SIGUSR1: a snapshot as soon as none is running."""
+        """SIGUSR1: a snapshot as soon as none is running -- while holding the lease. A
+        standby cannot snapshot; it says who can."""
+        if self.state != "holding":
+            holder = self._holder_seen or "unknown"
+            _log.warning(
+                "service.snapshot_request_ignored",
+                extra=_fields(
+                    state=self.state,
+                    holder=holder,
+                    reason=f"this instance is in {self.state}, the lease is held by {holder}: "
+                    "signal the holder instead (mushroom-backup lease status shows its host "
+                    "and pid)",
+                ),
+            )
+            return
         _log.info("service.snapshot_requested", extra=_fields(instance_id=self.instance_id))
         self.triggers.on_request()
         self._wake.set()
@@ -123,22 +190,25 @@ class Service:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         handlers: list[signal.Signals] = []
-        actions: dict[signal.Signals, Callable[[], None]] = {
-            signal.SIGTERM: self.stop,
-            signal.SIGINT: self.stop,
-            signal.SIGUSR1: self.request_snapshot,
-            signal.SIGHUP: self._reload_unsupported,
-        }
-        for sig, action in actions.items():
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, action)
-                handlers.append(sig)
-        store = self._store or open_store(
-            self.settings.require_store(), conditional=self.settings.lease.conditional
-        )
         background: list[asyncio.Task[None]] = []
         server: asyncio.Server | None = None
+        store: ObjectStore | None = self._store
         try:
+            if self.install_signal_handlers:
+                actions: dict[signal.Signals, Callable[[], None]] = {
+                    signal.SIGTERM: self.stop,
+                    signal.SIGINT: self.stop,
+                    signal.SIGUSR1: self.request_snapshot,
+                    signal.SIGHUP: self._reload_unsupported,
+                }
+                for sig, action in actions.items():
+                    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                        loop.add_signal_handler(sig, action)
+                        handlers.append(sig)
+            if store is None:
+                store = open_store(
+                    self.settings.require_store(), conditional=self.settings.lease.conditional
+                )
             if self.settings.metrics.listen:
                 server = await metrics_module.serve(
                     self.metrics, self.settings.metrics.listen, self.clock
@@ -151,6 +221,7 @@ class Service:
                 background.append(asyncio.create_task(self._watch()))
             if self.identity is not None:
                 background.append(asyncio.create_task(self._identity_watch(self.identity)))
+            self.state = "standby"
             self.notifier.ready("standby: looking for the bucket lease")
             _log.info(
                 "service.started",
@@ -170,7 +241,9 @@ class Service:
                 await self._hold(store, lease)
             return self.exit_code
         finally:
-            self.notifier.stopping()
+            self.state = "stopping"
+            if not self._stopping.is_set():
+                self.notifier.stopping()
             for task in background:
                 task.cancel()
             for task in background:
@@ -179,12 +252,15 @@ class Service:
             if server is not None:
                 server.close()
                 await server.wait_closed()
-            if self._store is None:
+            if self._store is None and store is not None:
                 await store.close()
             for sig in handlers:
                 loop.remove_signal_handler(sig)
             self.notifier.close()
-            _log.info("service.stopped", extra=_fields(instance_id=self.instance_id))
+            _log.info(
+                "service.stopped",
+                extra=_fields(instance_id=self.instance_id, exit_code=self.exit_code),
+            )
 
     def _reload_unsupported(self) -> None:
         _log.warning(
@@ -206,35 +282,39 @@ class Service:
             sleeper.cancel()
             waker.cancel()
 
+    async def _within(self, seconds: float, work: Awaitable[T]) -> T:
+        """``await work``, cancelled after ``seconds`` on the clock (:class:`TimeoutError`)."""
+        task = asyncio.ensure_future(work)
+        timer = asyncio.ensure_future(self.clock.sleep(seconds))
+        try:
+            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+            raise TimeoutError(f"no answer within {seconds:g} s")
+        return task.result()
+
     # --- standby ---------------------------------------------------------------------------
 
     async def _standby(self, store: ObjectStore) -> BucketLease | None:
         watch = LeaseWatch()
         failures = 0
         ttl_s = self.settings.lease.ttl_s
+        self.state = "standby"
         while not self.stopping:
             try:
-                lease = await BucketLease.acquire(
-                    store,
-                    ttl_s=ttl_s,
-                    instance_id=self.instance_id,
-                    watch=watch,
-                    clock=self.clock,
-                )
+                lease = await self._acquire_unless_stopping(store, watch)
             except LeaseHeld as held:
                 failures = 0
                 view = await self._quiet_read(store)
-                host = view.record.host if view is not None and view.record else None
-                where = f" on {host}" if host else ""
-                self.notifier.status(f"standby: lease held by {held.instance_id}{where}")
-                _log.info(
-                    "service.standby",
-                    extra=_fields(holder=held.instance_id, holder_host=host),
-                )
-                pause = lease_retry_interval(ttl_s)
+                pause = self._standby_noted(held, view)
             except StoreError as error:
                 failures += 1
-                pause = min(lease_retry_interval(ttl_s) * 2 ** min(failures, 5), 300.0)
+                pause = min(
+                    lease_retry_interval(ttl_s) * 2 ** min(failures, 8), MAX_STORE_BACKOFF_S
+                )
                 self.notifier.status(f"standby: store unavailable ({error.message})")
                 _log.warning(
                     "service.store_unavailable",
@@ -246,11 +326,70 @@ class Service:
                 self.notifier.status(f"standby: {error.message}")
                 _log.error("service.cannot_acquire", extra=_fields(error=error.message))
             else:
+                if lease is None:
+                    return None
                 self.metrics.lease_held = True
                 self.metrics.exclusion = str(lease.exclusion)
                 return lease
             await self._sleep_or_wake(self.clock.monotonic() + pause)
         return None
+
+    async def _acquire_unless_stopping(
+        self, store: ObjectStore, watch: LeaseWatch
+    ) -> BucketLease | None:
+        """One acquire attempt, abandoned if a stop arrives first (None). An abandoned attempt
+        may have written a record naming us: it is handed back, within the release bound."""
+        attempt = asyncio.ensure_future(
+            BucketLease.acquire(
+                store,
+                ttl_s=self.settings.lease.ttl_s,
+                instance_id=self.instance_id,
+                watch=watch,
+                clock=self.clock,
+            )
+        )
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({attempt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        finally:
+            stopper.cancel()
+        if attempt.done():
+            return attempt.result()
+        attempt.cancel()
+        await asyncio.wait({attempt})
+        try:
+            await self._within(self.release_timeout_s, release_own_record(store, self.instance_id))
+        except (StoreError, TimeoutError) as error:
+            _log.warning(
+                "lease.release_failed",
+                extra=_fields(error=str(error), expires_in_s=self.settings.lease.ttl_s),
+            )
+        return None
+
+    def _standby_noted(self, held: LeaseHeld, view: LeaseView | None) -> float:
+        """Log and report who holds the lease; return how long to wait before looking again."""
+        record = view.record if view is not None else None
+        if record is not None and record.instance_id != held.instance_id:
+            record = None  # it changed between the two reads; name the one acquire saw
+        host = record.host if record is not None else None
+        pid = record.pid if record is not None else None
+        pause = next_look(
+            view if record is not None else None, self.settings.lease.ttl_s, self.clock.wall()
+        )
+        where = f" on {host}" if host else ""
+        self.notifier.status(f"standby: lease held by {held.instance_id}{where}")
+        fields = _fields(
+            holder=held.instance_id, holder_host=host, holder_pid=pid, next_look_s=round(pause, 3)
+        )
+        if held.instance_id != self._holder_seen:
+            _log.info("service.standby", extra=fields)
+        else:
+            _log.debug("service.standby", extra=fields)
+        self._holder_seen = held.instance_id
+        return pause
 
     async def _quiet_read(self, store: ObjectStore) -> LeaseView | None:
         try:
@@ -283,6 +422,9 @@ class Service:
             on_fence_closed=self._fence_closed,
         )
         self._runner = runner
+        self._holder_seen = self.instance_id
+        if not self.stopping:
+            self.state = "holding"
         try:
             async with lease.keep_renewed(on_lost=on_lost):
                 await self._seed_interval(store)
@@ -296,6 +438,8 @@ class Service:
         finally:
             self._runner = None
             self.metrics.lease_held = False
+            if not self.stopping:
+                self.state = "standby"
             if lost or lease.lost:
                 reason = lost[0].message if lost else "the bucket lease was lost"
                 _log.warning(
@@ -304,13 +448,17 @@ class Service:
                 )
                 self.notifier.status(f"standby: lost the lease ({reason})")
             else:
-                try:
-                    await lease.release()
-                except StoreError as error:
-                    _log.warning(
-                        "lease.release_failed",
-                        extra=_fields(error=error.message, expires_in_s=lease.ttl_s),
-                    )
+                await self._release(lease)
+
+    async def _release(self, lease: BucketLease) -> None:
+        try:
+            await self._within(self.release_timeout_s, lease.release())
+        except (StoreError, TimeoutError) as error:
+            message = error.message if isinstance(error, StoreError) else str(error)
+            _log.warning(
+                "lease.release_failed",
+                extra=_fields(error=message, expires_in_s=lease.ttl_s),
+            )
 
     def _fence_closed(self) -> None:
         self.metrics.fence_closures_total += 1
@@ -324,7 +472,7 @@ class Service:
         at once when the previous holder just did."""
         try:
             info = await read_latest(store, sleep=self.clock.sleep)
-        except (StoreError, MushroomError) as error:
+        except MushroomError as error:
             _log.warning("service.latest_unreadable", extra=_fields(error=error.message))
             return
         if info is None:
@@ -338,59 +486,78 @@ class Service:
         started = self.clock.monotonic()
         self.triggers.started(started)
         self.notifier.status(f"holding lease; snapshot running ({reason})")
-        _log.info("snapshot.started", extra=_fields(reason=reason))
-        task = asyncio.create_task(runner.snapshot(self.source))
-        stop_waiter = asyncio.ensure_future(self._stopping.wait())
+        _log.info("snapshot.triggered", extra=_fields(reason=reason))
+        task = asyncio.create_task(runner.snapshot(self.source), name="service-snapshot")
         try:
-            await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                # Stopping: give the snapshot a bounded grace period, then cancel it.
-                grace = asyncio.ensure_future(
-                    self.clock.sleep_until(self.clock.monotonic() + self.stop_grace_s)
-                )
-                await asyncio.wait({task, grace}, return_when=asyncio.FIRST_COMPLETED)
-                grace.cancel()
-                if not task.done():
-                    runner.cancel()
-                    task.cancel()
-            result = await task
+            await self._until_done_or_stopped(task, runner)
         except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
-            self.metrics.snapshots_abandoned_total += 1
-            _log.warning("snapshot.abandoned", extra=_fields(reason="service stopping"))
-        except (LeaseLost, FenceClosed) as error:
-            self.metrics.snapshots_abandoned_total += 1
-            _log.warning("snapshot.abandoned", extra=_fields(reason=error.message))
-        except MushroomError as error:
-            self.metrics.snapshots_abandoned_total += 1
-            _log.error("snapshot.failed", extra=_fields(error=error.message))
-        else:
-            self.metrics.snapshots_total += 1
-            self.metrics.last_snapshot_wall = self.clock.wall().timestamp()
-            self.metrics.last_snapshot_duration = self.clock.monotonic() - started
-            self.metrics.bytes_uploaded_total += result.bytes_uploaded
-            self.last_snapshot = result.snapshot_id
-            _log.info(
-                "snapshot.completed",
-                extra=_fields(
-                    snapshot_id=result.snapshot_id,
-                    files=result.files,
-                    bytes_scanned=result.bytes_scanned,
-                    bytes_uploaded=result.bytes_uploaded,
-                    duration_s=round(self.clock.monotonic() - started, 3),
-                ),
-            )
+            task.cancel()
+            await asyncio.wait({task})
+            raise
+        try:
+            if task.cancelled():
+                self._abandoned("the service is stopping: the snapshot was cancelled")
+                return
+            error = task.exception()
+            if isinstance(error, LeaseLost | FenceClosed):
+                self._abandoned(error.message)
+            elif isinstance(error, MushroomError):
+                self.metrics.snapshots_abandoned_total += 1
+                _log.error("snapshot.failed", extra=_fields(error=error.message))
+            elif error is not None:
+                self.metrics.snapshots_abandoned_total += 1
+                _log.error(
+                    "snapshot.failed",
+                    exc_info=error,
+                    extra=_fields(error=f"unexpected {type(error).__name__}: {error}"),
+                )
+            else:
+                self._completed(task.result(), started)
         finally:
-            stop_waiter.cancel()
             if not self.stopping:
                 self._status_holding()
+
+    async def _until_done_or_stopped(
+        self, task: asyncio.Task[SnapshotResult], runner: SnapshotRunner
+    ) -> None:
+        """Wait for the snapshot; on a stop, give it the grace period, then cancel it."""
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]
+        try:
+            await asyncio.wait({task, waiters[0]}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return
+            _log.info(
+                "snapshot.finishing",
+                extra=_fields(grace_s=self.stop_grace_s, reason="the service is stopping"),
+            )
+            waiters.append(asyncio.ensure_future(self.clock.sleep(self.stop_grace_s)))
+            waiters.append(asyncio.ensure_future(self._hurry.wait()))
+            await asyncio.wait({task, *waiters[1:]}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                runner.cancel()
+                task.cancel()
+                await asyncio.wait({task})
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def _abandoned(self, reason: str) -> None:
+        self.metrics.snapshots_abandoned_total += 1
+        _log.warning("snapshot.abandoned", extra=_fields(reason=reason))
+
+    def _completed(self, result: SnapshotResult, started: float) -> None:
+        # take_snapshot logged snapshot.completed with the details; here: metrics and status.
+        self.metrics.snapshots_total += 1
+        self.metrics.last_snapshot_wall = self.clock.wall().timestamp()
+        self.metrics.last_snapshot_duration = self.clock.monotonic() - started
+        self.metrics.bytes_uploaded_total += result.bytes_uploaded
+        self.last_snapshot = result.snapshot_id
 
     # --- background helpers ----------------------------------------------------------------
 
     async def _identity_watch(self, identity: ProcessLeaseHolder) -> None:
-        """A fenced incarnation is no longer node N: stop (exit 4) and let a restart make a new
-        incarnation."""
+        """A fenced incarnation is no longer node N: stop at once (exit 4) and let a restart
+        make a new incarnation."""
         reason = await identity.wait_lost()
         _log.error(
             "process_lease.lost",
@@ -402,6 +569,7 @@ class Service:
         if self._runner is not None:
             self._runner.cancel()
         self.stop()
+        self._hurry.set()
 
     async def _watchdog(self, interval: float) -> None:
         while True:

@@ -1,14 +1,18 @@
 """The writer: take the bucket lease, take snapshots through the write fence, give it back.
 
-* :func:`acquire_lease` -- one acquire, or keep trying for ``wait_s`` seconds; a refusal names
-  the holder and, when it is a service on this very host, says how to trigger that service
-  instead.
+* :func:`acquire_lease` -- one acquire, or keep trying for ``wait_s`` seconds (looking again
+  after :func:`next_look`); a refusal names the holder and, when it is the ``run`` service on
+  this very host, says how to trigger that service instead (:func:`held_message`).
+* :func:`next_look` -- a pure rule: how long a contender waits before looking at a held lease
+  again: a third of the TTL (1..10 s), or less, until just after the record it read goes stale.
 * :class:`SnapshotRunner` -- runs one snapshot as a task over a
   :class:`~mushroom_backup.lease.fenced.FencedStore`, so every write starts only while the
   lease's write deadline holds and an in-flight write is cancelled at it. When the lease is
-  lost, :meth:`SnapshotRunner.lease_lost` cancels the task at once. A ``LATEST`` swap refused
-  because another writer moved it marks the lease lost. Whatever happens, a snapshot either
-  completes (manifest, then ``LATEST``) or is abandoned with ``LATEST`` untouched.
+  lost, :meth:`SnapshotRunner.lease_lost` cancels the task at once and the snapshot raises
+  :class:`~mushroom_backup.errors.LeaseLost`; a cancellation of the caller itself stays a
+  cancellation. A ``LATEST`` swap refused because another writer moved it marks the lease
+  lost. Whatever happens, a snapshot either completes (manifest, then ``LATEST``) or is
+  abandoned with ``LATEST`` untouched.
 * :func:`backup_now` -- the one-shot: acquire, keep renewed, one snapshot, release.
 
 Not here: the service loop (:mod:`.service`), the snapshot format (:mod:`..snapshot`).
@@ -22,13 +26,14 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from .. import log
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Settings
 from ..errors import FenceClosed, LatestMoved, LeaseHeld, LeaseLost, StoreError, UsageError
-from ..lease.bucket import BucketLease, read_lease
+from ..lease.bucket import BucketLease, LeaseCondition, LeaseView, describe, read_lease
 from ..lease.fenced import Fence, FencedStore
 from ..lease.record import LeaseWatch, new_instance_id
 from ..snapshot.backup import BackupOptions, SnapshotResult, take_snapshot
@@ -66,17 +71,61 @@ def lease_retry_interval(ttl_s: int) -> float:
     return min(10.0, max(1.0, ttl_s / 3))
 
 
+#: A contender never looks again sooner than this after a look (seconds).
+MIN_LOOK_S = 0.05
+
+
+def next_look(view: LeaseView | None, ttl_s: int, now: datetime) -> float:
+    """Seconds until a contender that was refused looks at the lease again.
+
+    :func:`lease_retry_interval` at most; sooner when the record it read (``view``, read at
+    ``now`` on the contender's wall clock) is fresh and not suspect and goes stale before
+    that: then just after it goes stale, so that a dead holder is replaced as soon as its
+    lease expires. Never less than :data:`MIN_LOOK_S`."""
+    retry = lease_retry_interval(ttl_s)
+    if view is None or view.record is None:
+        return retry
+    state = describe(view, now)
+    if state.condition is not LeaseCondition.FRESH or state.expires_in_s is None:
+        return retry
+    return max(MIN_LOOK_S, min(retry, state.expires_in_s + MIN_LOOK_S))
+
+
+def _runs_the_service(pid: int) -> bool | None:
+    """Whether process ``pid`` on this host is ``mushroom-backup ... run``; None when that
+    cannot be told (no /proc, the process is gone or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    argv = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    if not any("mushroom" in part for part in argv):
+        return False
+    return "run" in argv
+
+
 async def held_message(store: ObjectStore, held: LeaseHeld) -> str:
     """Why we cannot write, and what to do: a service on this host is triggered, not raced."""
-    view = await read_lease(store)
+    try:
+        view = await read_lease(store)
+    except StoreError:
+        view = None
     record = view.record if view is not None else None
+    if record is not None and record.instance_id != held.instance_id:
+        record = None  # it changed since: name only what the acquire saw
     if record is not None and record.host and record.host == socket.gethostname():
-        pid = f" (pid {record.pid})" if record.pid else ""
+        service = _runs_the_service(record.pid) if record.pid else None
+        if service is not False:
+            pid = f" (pid {record.pid})" if record.pid else ""
+            return (
+                f"the mushroom-backup service on this host{pid} holds the lease "
+                f"({record.instance_id}); trigger a snapshot there instead: "
+                "systemctl kill -s USR1 mushroom-backup"
+                + (f" (or: kill -USR1 {record.pid})" if record.pid else "")
+            )
         return (
-            f"the mushroom-backup service on this host{pid} holds the lease "
-            f"({record.instance_id}); trigger a snapshot there instead: "
-            "systemctl kill -s USR1 mushroom-backup"
-            + (f"  (or: kill -USR1 {record.pid})" if record.pid else "")
+            f"another mushroom-backup process on this host (pid {record.pid}) holds the "
+            f"lease ({record.instance_id}); wait for it to finish, or use --wait-lease SECONDS"
         )
     where = f" on host {record.host}" if record is not None and record.host else ""
     return (
@@ -107,11 +156,16 @@ async def acquire_lease(
             remaining = give_up - clock.monotonic()
             if remaining <= 0:
                 raise LeaseHeld(held.instance_id, await held_message(store, held)) from None
+            try:
+                view = await read_lease(store)
+            except StoreError:
+                view = None
+            pause = next_look(view, settings.lease.ttl_s, clock.wall())
             _log.info(
                 "lease.waiting",
                 extra={"fields": {"holder": held.instance_id, "remaining_s": round(remaining)}},
             )
-            await clock.sleep(min(lease_retry_interval(settings.lease.ttl_s), remaining))
+            await clock.sleep(min(pause, remaining))
 
 
 @dataclass
@@ -173,7 +227,9 @@ class SnapshotRunner:
         try:
             return await asyncio.shield(self._task)
         except asyncio.CancelledError:
-            if self._lost is not None and self._task.cancelled():
+            current = asyncio.current_task()
+            cancelled_here = current is not None and current.cancelling() > 0
+            if self._lost is not None and self._task.cancelled() and not cancelled_here:
                 raise LeaseLost(
                     self._lost.instance_id,
                     f"{self._lost.message}; the snapshot in flight was abandoned and LATEST "
@@ -196,6 +252,19 @@ class SnapshotRunner:
             self._task = None
 
 
+def require_source_dir(settings: Settings) -> Path:
+    """The configured source, which must be an existing directory (else a usage error, exit
+    2, saying how to give one)."""
+    source = settings.require_source()
+    if not source.is_dir():
+        what = "is not a directory" if source.exists() else "does not exist"
+        raise UsageError(
+            f"the source {source} {what}: pass --source DIR, or set MUSHROOM_BACKUP_SOURCE "
+            "or source = ... in the config file"
+        )
+    return source
+
+
 async def backup_now(
     settings: Settings,
     *,
@@ -205,9 +274,7 @@ async def backup_now(
     store: ObjectStore | None = None,
 ) -> SnapshotResult:
     """Acquire the lease, take one snapshot while keeping it renewed, release it."""
-    source = settings.require_source()
-    if not source.is_dir():
-        raise UsageError(f"source {source} is not a directory")
+    source = require_source_dir(settings)
     owned = store is None
     target = store or open_store(settings.require_store(), conditional=settings.lease.conditional)
     try:
@@ -237,4 +304,6 @@ __all__ = [
     "backup_options",
     "held_message",
     "lease_retry_interval",
+    "next_look",
+    "require_source_dir",
 ]

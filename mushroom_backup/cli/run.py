@@ -1,4 +1,9 @@
-"""``mushroom-backup run``: the service (see :mod:`mushroom_backup.agent.service`)."""
+"""``mushroom-backup run``: the service (see :mod:`mushroom_backup.agent.service`).
+
+Checks what it can before starting: a store URL and a source *directory* (a missing source is
+a usage error, exit 2, as for ``backup now``). Exits 0 after SIGTERM/SIGINT, 3 when another
+process holds this node id (cluster), 4 when this incarnation's process lease is lost.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import click
 
 from ..agent.identity import node_identity
 from ..agent.service import Service
+from ..agent.writer import require_source_dir
 from .common import run as run_coro
 from .common import settings_for, source_option, store_option
 
@@ -48,7 +54,7 @@ def run_command(
         },
     )
     settings.require_store()
-    settings.require_source()
+    require_source_dir(settings)
 
     async def serve() -> int:
         async with node_identity(settings, takeover=takeover) as identity:
