@@ -43,7 +43,7 @@ class Metrics:
             lines.append(f"# HELP {full} {help_}")
             lines.append(f"# TYPE {full} {kind}")
             for labels, value in samples:
-                lines.append(f"{full}{labels} {value:g}")
+                lines.append(f"{full}{labels} {_number(value)}")
 
         series(
             "lease_held",
@@ -111,6 +111,14 @@ class Metrics:
             [("", float(self.fence_closures_total))],
         )
         return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """A sample value without losing digits (``:g`` keeps six: a Unix timestamp would be off
+    by over an hour): whole numbers as integers, others as the shortest exact decimal."""
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
 
 
 async def serve(metrics: Metrics, listen: str, clock: Clock) -> asyncio.Server:
