@@ -11,6 +11,7 @@ from .. import __version__
 from ..errors import EXIT_ERROR, EXIT_USAGE, MushroomError
 from .backup import backup, snapshots
 from .lease import lease
+from .maintenance import register as register_maintenance
 from .node import node
 from .restore import restore
 from .run import run_command
@@ -67,6 +68,7 @@ cli.add_command(restore)
 cli.add_command(lease)
 cli.add_command(node)
 cli.add_command(run_command)
+register_maintenance(cli)
 
 
 def main() -> None:
