@@ -22,8 +22,11 @@ Life cycle::
   at once), after watched changes settle, or on SIGUSR1. Triggers that arrive during a snapshot
   coalesce into one follow-up. A lost lease cancels the snapshot in flight (nothing written
   after that point, ``LATEST`` untouched), is logged (``service.lease_lost``), and the service
-  goes back to standby -- it never exits for a lost lease. A snapshot that fails for any other
-  reason is logged (``snapshot.failed``) and the next trigger tries again.
+  goes back to standby -- it never exits for a lost lease. A renewal request that hangs instead
+  of failing counts as a loss too, once the write fence has stayed closed for a third of a TTL
+  (a full TTL after the last confirmed renewal: a takeover is possible from then on) -- rather
+  than after the store's own timeout. A snapshot that fails for any other reason is logged
+  (``snapshot.failed``) and the next trigger tries again.
 * **Signals**: SIGTERM/SIGINT stop: no new snapshot starts, the one in flight gets
   ``stop_grace_s`` to finish (a second SIGTERM/SIGINT cancels it at once), the lease is
   released (bounded by ``release_timeout_s``; otherwise it expires after its TTL), exit 0.
@@ -87,6 +90,11 @@ State = Literal["starting", "standby", "holding", "stopping"]
 
 #: The longest pause between two acquire attempts while the store keeps failing.
 MAX_STORE_BACKOFF_S = 300.0
+
+_FENCE_STUCK = (
+    "the write fence closed and no renewal was confirmed for a third of a TTL more (a renewal "
+    "request is not answering); the lease is given up, as another instance may now take it"
+)
 
 
 def _fields(**fields: object) -> dict[str, dict[str, object]]:
@@ -429,10 +437,25 @@ class Service:
             async with lease.keep_renewed(on_lost=on_lost):
                 await self._seed_interval(store)
                 self._status_holding()
+                closed_since: float | None = None
                 while not self.stopping and not lost and not lease.lost:
-                    due = self.triggers.due(self.clock.monotonic())
+                    now = self.clock.monotonic()
+                    fence = lease.write_deadline()
+                    if fence is not None:
+                        closed_since = None
+                    elif closed_since is None:
+                        closed_since = now
+                    elif now - closed_since >= lease.renew_interval:
+                        lease.mark_lost()
+                        lost.append(LeaseLost(None, _FENCE_STUCK))
+                        break
+                    due = self.triggers.due(now)
                     if due.reason is None:
-                        await self._sleep_or_wake(due.wake_at)
+                        # Also wake when the fence would close, to notice a renewal that hangs.
+                        wake = due.wake_at if fence is None else min(due.wake_at, fence)
+                        if closed_since is not None:
+                            wake = min(wake, closed_since + lease.renew_interval)
+                        await self._sleep_or_wake(wake)
                         continue
                     await self._take_snapshot(runner, due.reason)
         finally:

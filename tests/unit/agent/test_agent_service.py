@@ -299,6 +299,37 @@ async def test_renewals_that_keep_failing_close_the_fence_before_anyone_may_take
     assert state(service) == "holding"
 
 
+async def test_a_renewal_that_hangs_gives_the_lease_up_when_a_takeover_becomes_possible(
+    h: Harness,
+) -> None:
+    service, first = await holding_after_first_snapshot(h)
+    confirmed = h.log.last("lease.acquired").at  # no renewal is confirmed after this one
+    gate = h.store.stall("put", key=LEASE_KEY)  # renewals are sent and never answered
+    await h.jump_until(
+        lambda: h.log.count("service.lease_lost") == 1, "giving up", limit_s=2 * TTL_S
+    )
+    assert h.log.last("service.lease_lost").at - confirmed == pytest.approx(TTL_S)
+    assert "not answering" in str(h.log.last("service.lease_lost").fields["reason"])
+    assert not service.metrics.lease_held
+    await h.until(lambda: gate.waiting == 1, "the standby's acquire waiting on the store")
+    gate.release()  # the store answers again; the record still names us
+    await h.until(lambda: h.log.count("lease.acquired") == 2, "re-acquired")
+    assert state(service) == "holding"
+    assert await latest_id(h) == first
+
+
+async def test_a_wall_clock_step_forward_is_not_a_lost_lease(h: Harness) -> None:
+    service, _ = await holding_after_first_snapshot(h)
+    await h.jump(3)
+    h.clock.step_wall(timedelta(seconds=TTL_S))  # the fence closes until the next renewal
+    service.request_snapshot()  # meanwhile a snapshot cannot write: abandoned, lease kept
+    await h.until(lambda: h.log.count("snapshot.abandoned") == 1, "the fenced snapshot")
+    await h.jump(3 * TTL_S)
+    assert h.log.count("service.lease_lost") == 0
+    assert state(service) == "holding"
+    assert await lease_holder(h) == service.instance_id
+
+
 # --- stopping -------------------------------------------------------------------------------
 
 
