@@ -4,6 +4,7 @@ they refuse, the fence, the store's clock, and what check reports."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -440,3 +441,36 @@ async def test_check_subset_reads_only_todays_window(bucket: Bucket) -> None:
         seen += report.packs_read
         bucket.clock.advance(86400)
     assert seen == full.packs_read
+
+
+async def test_best_effort_mode_forgets_and_prunes_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bucket = Bucket(tmp_path)
+    bucket.store = MemoryStore(conditional=False, now=bucket.clock.wall)
+    ids = await _daily(bucket, 3)
+    bucket.change()
+    orphans = await bucket.abandoned()
+    bucket.clock.advance(4 * 3600)
+    settings = Settings.model_validate({"lease": {"conditional": False}})
+
+    async def work(store: ObjectStore) -> tuple[list[str], PruneResult]:
+        assert not store.conditional
+        forgot = await apply_retention(store, RetentionPolicy(last=1), clock=bucket.clock)
+        return list(forgot.deleted), await prune(store, clock=bucket.clock, grace=GRACE)
+
+    with caplog.at_level("WARNING", logger="mushroom_backup.snapshot.prune"):
+        logger = logging.getLogger("mushroom_backup.snapshot.prune")
+        logger.addHandler(caplog.handler)
+        try:
+            deleted, pruned = await run_under_lease(
+                settings, work, what="forget", clock=bucket.clock, store=bucket.store
+            )
+        finally:
+            logger.removeHandler(caplog.handler)
+    assert deleted == ids[:2]
+    assert orphans <= set(pruned.deleted)
+    assert "prune.best_effort" in caplog.messages
+    report = await check_store(bucket.store, clock=bucket.clock, read_data=True)
+    assert report.clean
+    assert report.reclaimable_packs == 0
