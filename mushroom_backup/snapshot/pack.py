@@ -147,13 +147,16 @@ class SealedPack:
 
 class PackBuilder:
     """Collects compressed chunks until the caller seals them into a pack. Not thread-safe:
-    one owner adds and seals; sealing may run in a worker thread while nobody adds."""
+    one owner adds and seals; sealing may run in a worker thread while nobody adds.
+
+    Frames are copied into one growing buffer as they are added, so the pack in progress
+    holds its bytes once (zstandard's frames are allocated at their worst-case size, about
+    the raw chunk's, and would hold that much memory each if they were kept)."""
 
     def __init__(self) -> None:
-        self._frames: list[bytes] = []
+        self._buffer = bytearray()
         self._chunks: list[PackedChunk] = []
         self._ids: set[str] = set()
-        self.size = 0
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -161,15 +164,19 @@ class PackBuilder:
     def __contains__(self, chunk_id: object) -> bool:
         return chunk_id in self._ids
 
+    @property
+    def size(self) -> int:
+        """Bytes of frames added so far."""
+        return len(self._buffer)
+
     def add(self, chunk_id: str, frame: bytes, raw_length: int) -> PackedChunk:
         """Append one chunk's frame. Adding an id already in this pack is a ValueError."""
         if chunk_id in self._ids:
             raise ValueError(f"chunk {chunk_id} is already in this pack")
-        placed = PackedChunk(chunk_id, self.size, len(frame), raw_length)
-        self._frames.append(frame)
+        placed = PackedChunk(chunk_id, len(self._buffer), len(frame), raw_length)
+        self._buffer += frame
         self._chunks.append(placed)
         self._ids.add(chunk_id)
-        self.size += len(frame)
         return placed
 
     def seal(self) -> SealedPack:
@@ -178,10 +185,10 @@ class PackBuilder:
             raise ValueError("an empty pack cannot be sealed")
         chunks = tuple(self._chunks)
         trailer = encode_trailer(chunks)
-        self._frames.append(trailer)
-        self._frames.append(_FOOTER.pack(len(trailer), PACK_MAGIC))
-        data = b"".join(self._frames)
-        self._frames, self._chunks, self._ids, self.size = [], [], set(), 0
+        self._buffer += trailer
+        self._buffer += _FOOTER.pack(len(trailer), PACK_MAGIC)
+        data = bytes(self._buffer)
+        self._buffer, self._chunks, self._ids = bytearray(), [], set()
         return SealedPack(hashlib.sha256(data).hexdigest(), data, chunks)
 
 
