@@ -97,30 +97,37 @@ class ChunkIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchRange:
+    """One ranged GET: ``length`` bytes at ``start`` of pack ``pack_id``."""
+
+    pack_id: str
+    start: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreItem:
     """One chunk of one file, in restore order.
 
-    ``fetch`` is ``(offset in the run's bytes, stored length)``, or None when the bytes come
-    from the cache (an earlier item kept them). ``keep``: put the bytes in the cache for a later
-    item; ``release``: this is the cached chunk's last use, drop it afterwards."""
+    ``fetch`` is ``(range, offset in that range's bytes, stored length)`` -- ``range`` indexes
+    the run's :attr:`RestoreRun.ranges` -- or None when the bytes come from the cache (an
+    earlier item kept them). ``keep``: put the bytes in the cache for a later item;
+    ``release``: this is the cached chunk's last use, drop it afterwards."""
 
     file: int
     index: int
     chunk_id: str
     raw_length: int
-    fetch: tuple[int, int] | None
+    fetch: tuple[int, int, int] | None
     keep: bool = False
     release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RestoreRun:
-    """Consecutive items served by one ranged GET of ``length`` bytes at ``start`` of pack
-    ``pack_id`` (and, for items with no ``fetch``, by the cache)."""
+    """Consecutive items, served by a few ranged GETs (at most one per pack) and the cache."""
 
-    pack_id: str
-    start: int
-    length: int
+    ranges: tuple[FetchRange, ...]
     items: tuple[RestoreItem, ...]
 
     @property
@@ -129,17 +136,54 @@ class RestoreRun:
 
 
 @dataclass
+class _Range:
+    pack_id: str
+    start: int
+    end: int
+
+
+@dataclass
 class _OpenRun:
-    pack_id: str | None = None
-    start: int = 0
-    end: int = 0
+    ranges: list[_Range] = field(default_factory=list)
+    by_pack: dict[str, int] = field(default_factory=dict)
     raw: int = 0
+    stored: int = 0
     items: list[RestoreItem] = field(default_factory=list)
 
+    def place(
+        self, location: ChunkLocation, *, max_bytes: int, max_gap: int, max_ranges: int
+    ) -> tuple[int, int] | None:
+        """Where the chunk's frame would be fetched in this run -- (range, offset in it) --
+        extending or adding a range, or None if it does not fit: then close the run."""
+        if self.raw + location.raw_length > max_bytes and self.items:
+            return None
+        index = self.by_pack.get(location.pack_id)
+        if index is None:
+            if len(self.ranges) >= max_ranges or self.stored + location.length > max_bytes:
+                return None if self.items else self._add(location)
+            return self._add(location)
+        span = self.ranges[index]
+        if span.start <= location.offset and location.offset + location.length <= span.end:
+            return index, location.offset - span.start  # already downloaded in this run
+        grows = location.offset + location.length - span.end
+        if not span.end <= location.offset <= span.end + max_gap:
+            return None
+        if self.stored + grows > max_bytes:
+            return None
+        span.end += grows
+        self.stored += grows
+        return index, location.offset - span.start
+
+    def _add(self, location: ChunkLocation) -> tuple[int, int]:
+        self.by_pack[location.pack_id] = len(self.ranges)
+        end = location.offset + location.length
+        self.ranges.append(_Range(location.pack_id, location.offset, end))
+        self.stored += location.length
+        return len(self.ranges) - 1, 0
+
     def close(self) -> RestoreRun:
-        # The first item of every run is fetched: only later items can come from the cache.
-        assert self.pack_id is not None
-        return RestoreRun(self.pack_id, self.start, self.end - self.start, tuple(self.items))
+        ranges = tuple(FetchRange(r.pack_id, r.start, r.end - r.start) for r in self.ranges)
+        return RestoreRun(ranges, tuple(self.items))
 
 
 def plan_restore(
@@ -148,15 +192,20 @@ def plan_restore(
     *,
     max_run_bytes: int,
     max_gap: int,
+    max_ranges: int,
     cache_bytes: int,
 ) -> list[RestoreRun]:
     """The runs that restore ``files`` (in this order, each file's chunks in order).
 
-    A run grows while the next fetched chunk lies in the same pack at or after the run's end,
-    no more than ``max_gap`` bytes further (the gap is downloaded and ignored), and neither the
-    run's stored span nor its raw bytes exceed ``max_run_bytes`` (a single larger chunk is a
-    run of its own). A chunk used again later is kept in a cache while the cache's raw bytes
-    stay within ``cache_bytes``; later uses read it from there, the last one releases it."""
+    A run holds at most ``max_ranges`` ranges, one per pack. The next fetched chunk joins the
+    run if its pack's range can grow to cover it -- it lies at or after the range's end, no
+    more than ``max_gap`` bytes further (the gap is downloaded and ignored) -- or if its pack
+    has no range in the run yet and one more fits; and if neither the run's raw bytes nor its
+    downloaded bytes then exceed ``max_run_bytes`` (a single larger chunk is a run of its own).
+    So a file rewritten in places costs one range for its old pack plus one for the new
+    chunks per run, not a new run at every change. A chunk used again later is kept in a
+    cache while the cache's raw bytes stay within ``cache_bytes``; later uses read it from
+    there, the last one releases it."""
     remaining = Counter(chunk_id for entry in files for chunk_id in entry.chunks)
     cached: dict[str, int] = {}
     cache_used = 0
@@ -172,7 +221,7 @@ def plan_restore(
                     cache_used -= cached.pop(chunk_id)
                 run.items.append(
                     RestoreItem(
-                        file_index, index, chunk_id, location.raw_length, None, False, last_use
+                        file_index, index, chunk_id, location.raw_length, None, release=last_use
                     )
                 )
                 run.raw += location.raw_length
@@ -181,28 +230,24 @@ def plan_restore(
             if keep:
                 cached[chunk_id] = location.raw_length
                 cache_used += location.raw_length
-            extends = (
-                run.pack_id == location.pack_id
-                and run.end <= location.offset <= run.end + max_gap
-                and location.offset + location.length - run.start <= max_run_bytes
-                and run.raw + location.raw_length <= max_run_bytes
-            )
-            if not extends and run.pack_id is not None:
+            limits = {"max_bytes": max_run_bytes, "max_gap": max_gap, "max_ranges": max_ranges}
+            placed = run.place(location, **limits)
+            if placed is None:
                 runs.append(run.close())
                 run = _OpenRun()
-            if run.pack_id is None:
-                run.pack_id, run.start = location.pack_id, location.offset
+                placed = run.place(location, **limits)
+                assert placed is not None  # an empty run takes any chunk
+            range_index, offset = placed
             run.items.append(
                 RestoreItem(
                     file_index,
                     index,
                     chunk_id,
                     location.raw_length,
-                    (location.offset - run.start, location.length),
+                    (range_index, offset, location.length),
                     keep,
                 )
             )
-            run.end = location.offset + location.length
             run.raw += location.raw_length
     if run.items:
         runs.append(run.close())

@@ -6,7 +6,8 @@ written), then:
 
 1. creates the directories (owner-only at first, so that read-only ones can be filled),
 2. restores the files: their chunks are fetched with ranged GETs of nearby chunks
-   (:func:`.plan.plan_restore`), ``download_concurrency`` at a time, decompressed and checked
+   (:func:`.plan.plan_restore`: a run of up to 8 MiB takes one range from each of at most
+   four packs), decompressed and checked
    against their SHA-256 on ``workers`` threads; one writer thread then writes each file, in
    order, to a temporary name in its directory while hashing it, checks the whole-file SHA-256,
    sets its mode, owner (when run as root) and mtime, and renames it into place,
@@ -25,8 +26,9 @@ Promises
   directory is refused (UnsafePath): restore never writes through a symlink.
 * ``verify_only`` downloads, decompresses and checks every chunk and every whole file, and
   writes nothing (no target is needed).
-* Memory is bounded: at most ``download_concurrency + 2`` runs of at most 4 MiB of raw data in
-  flight, plus a cache of at most 16 MiB for chunks used more than once.
+* Memory is bounded: runs of at most 8 MiB of raw data (and as much downloaded), at most 48
+  MiB of them (downloaded plus decompressed) in flight, and at most ``download_concurrency``
+  runs; plus a cache of at most 16 MiB for chunks used more than once.
 
 Not promised: restoring hard links (each name is its own file), sparse regions (written as
 zeros), extended attributes or ACLs, atime (set to the mtime), ``fsync`` of restored files (run
@@ -60,8 +62,10 @@ from .progress import NoProgress, ProgressSink
 
 KiB = 1024
 MiB = 1024 * KiB
-MAX_RUN_BYTES = 4 * MiB
-MAX_GAP = 256 * KiB
+MAX_RUN_BYTES = 8 * MiB
+MAX_GAP = 1 * MiB
+MAX_RANGES = 4
+BUFFER_BYTES = 48 * MiB
 CACHE_BYTES = 16 * MiB
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
@@ -282,23 +286,25 @@ def _restore_empty_files(root: str | None, files: Sequence[FileEntry]) -> None:
 
 
 def _decode_run(
-    run: RestoreRun, data: bytes, files: Sequence[FileEntry], key: str
+    run: RestoreRun, ranges: Sequence[bytes], files: Sequence[FileEntry]
 ) -> list[bytes | None]:
-    view = memoryview(data)
+    views = [memoryview(data) for data in ranges]
     out: list[bytes | None] = []
     for item in run.items:
         if item.fetch is None:
             out.append(None)
             continue
-        offset, length = item.fetch
+        range_index, offset, length = item.fetch
+        key = pack_key(run.ranges[range_index].pack_id)
         where = f"restoring {files[item.file].path!r} from pack {key}"
-        out.append(
-            decompress_chunk(view[offset : offset + length], item.chunk_id, item.raw_length, where)
-        )
+        frame = views[range_index][offset : offset + length]
+        out.append(decompress_chunk(frame, item.chunk_id, item.raw_length, where))
     return out
 
 
 class _Fetcher:
+    """Downloads a run's ranges (concurrently) and decodes its chunks on the worker pool."""
+
     def __init__(
         self,
         store: ObjectStore,
@@ -311,25 +317,61 @@ class _Fetcher:
         self._pool = pool
         self._sleep = sleep
 
-    async def __call__(self, run: RestoreRun) -> list[bytes | None]:
-        key = pack_key(run.pack_id)
-        first = self._files[run.items[0].file].path
+    async def _range(self, run: RestoreRun, index: int) -> bytes:
+        span = run.ranges[index]
+        key = pack_key(span.pack_id)
+        items = [i for i in run.items if i.fetch is not None and i.fetch[0] == index]
         try:
-            data = await get_range_retrying(self._store, key, run.start, run.length, self._sleep)
+            data = await get_range_retrying(self._store, key, span.start, span.length, self._sleep)
         except NotFound:
+            path = self._files[items[0].file].path
             raise IntegrityError(
-                f"restoring {first!r}: pack {key} is missing from the store"
+                f"restoring {path!r}: pack {key} is missing from the store"
             ) from None
-        if len(data) < run.length:
-            short = next(
-                item for item in run.items if item.fetch is not None and sum(item.fetch) > len(data)
-            )
+        if len(data) < span.length:
+            short = next(i for i in items if i.fetch is not None and sum(i.fetch[1:]) > len(data))
             raise IntegrityError(
                 f"restoring {self._files[short.file].path!r}: pack {key} is truncated (it "
-                f"ends {run.length - len(data)} bytes before chunk {short.chunk_id} does)"
+                f"ends {span.length - len(data)} bytes before chunk {short.chunk_id} does)"
             )
+        return data
+
+    async def __call__(self, run: RestoreRun) -> list[bytes | None]:
+        tasks = [asyncio.create_task(self._range(run, i)) for i in range(len(run.ranges))]
+        try:
+            ranges = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _decode_run, run, data, self._files, key)
+        return await loop.run_in_executor(self._pool, _decode_run, run, ranges, self._files)
+
+
+class _Budget:
+    """Bytes of runs in flight, at most ``limit`` (one run always fits)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self, amount: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._used == 0 or self._used + amount <= self._limit
+            )
+            self._used += amount
+
+    async def release(self, amount: int) -> None:
+        async with self._changed:
+            self._used -= amount
+            self._changed.notify_all()
+
+
+def _footprint(run: RestoreRun) -> int:
+    """Memory a run holds from download to write: its downloaded and its raw bytes."""
+    return run.raw_length + sum(span.length for span in run.ranges)
 
 
 async def _together(*coros: Coroutine[Any, Any, None]) -> None:
@@ -363,6 +405,7 @@ async def _restore_files(
         manifest.chunks,
         max_run_bytes=MAX_RUN_BYTES,
         max_gap=MAX_GAP,
+        max_ranges=MAX_RANGES,
         cache_bytes=CACHE_BYTES,
     )
     loop = asyncio.get_running_loop()
@@ -374,8 +417,11 @@ async def _restore_files(
     window = asyncio.Queue(maxsize=download_concurrency)
     fetching: set[asyncio.Task[list[bytes | None]]] = set()
 
+    budget = _Budget(BUFFER_BYTES)
+
     async def produce() -> None:
         for run in runs:
+            await budget.acquire(_footprint(run))
             task = asyncio.create_task(fetch(run))
             fetching.add(task)
             task.add_done_callback(fetching.discard)
@@ -387,6 +433,8 @@ async def _restore_files(
             run, task = queued
             decoded = await task
             done, written = await loop.run_in_executor(writer_thread, writer.apply, run, decoded)
+            del decoded
+            await budget.release(_footprint(run))
             sink.advance(done, written)
 
     try:

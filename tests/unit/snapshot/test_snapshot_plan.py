@@ -111,100 +111,110 @@ def test_chunk_index_new_pending_stored() -> None:
 
 # --- restore runs ----------------------------------------------------------------------------
 
-A, B, C, D, Z = ("a" * 64, "b" * 64, "c" * 64, "d" * 64, "0" * 64)
-P, Q = ("p" * 64, "q" * 64)
+A, B, C, D, Z, N = ("a" * 64, "b" * 64, "c" * 64, "d" * 64, "0" * 64, "e" * 64)
+P, Q, R = ("p" * 64, "q" * 64, "r" * 64)
 LOCATIONS = {
     A: ChunkLocation(P, 0, 10, 100),
     B: ChunkLocation(P, 10, 10, 100),
     C: ChunkLocation(P, 50, 10, 100),  # 30 bytes after B's end
     D: ChunkLocation(Q, 0, 10, 100),
     Z: ChunkLocation(Q, 10, 5, 100),
+    N: ChunkLocation(R, 0, 10, 100),  # a rewritten chunk, stored in a newer pack
 }
+
+Shape = list[tuple[list[tuple[str, int, int]], list[str]]]
 
 
 def _files(*chunk_lists: tuple[str, ...]) -> list[FileEntry]:
     return [_entry(f"f{i}", chunks, 100 * len(chunks)) for i, chunks in enumerate(chunk_lists)]
 
 
-def _shape(runs: list[RestoreRun]) -> list[tuple[str, int, int, list[str]]]:
-    """(pack, start, length, [chunk or 'cache:chunk']) per run, for readable tables."""
+def _shape(runs: list[RestoreRun]) -> Shape:
+    """([(pack, start, length)], [chunk or 'cache:chunk']) per run, for readable tables."""
     return [
         (
-            run.pack_id[:1],
-            run.start,
-            run.length,
+            [(r.pack_id[:1], r.start, r.length) for r in run.ranges],
             [i.chunk_id[:1] if i.fetch else "cache:" + i.chunk_id[:1] for i in run.items],
         )
         for run in runs
     ]
 
 
+def _plan(
+    files: list[tuple[str, ...]], max_run: int = 1000, gap: int = 0, ranges: int = 4, cache: int = 0
+) -> Shape:
+    return _shape(
+        plan_restore(
+            _files(*files),
+            LOCATIONS,
+            max_run_bytes=max_run,
+            max_gap=gap,
+            max_ranges=ranges,
+            cache_bytes=cache,
+        )
+    )
+
+
 @pytest.mark.parametrize(
-    ("files", "max_run", "gap", "cache", "expected"),
+    ("files", "limits", "expected"),
     [
-        # adjacent chunks of one pack, across files: one run
-        ([(A,), (B,)], 1000, 0, 0, [("p", 0, 20, ["a", "b"])]),
-        # a gap within the allowance is read and skipped
-        ([(A, B, C)], 1000, 30, 0, [("p", 0, 60, ["a", "b", "c"])]),
-        # ... and beyond it starts a new run
-        ([(A, B, C)], 1000, 29, 0, [("p", 0, 20, ["a", "b"]), ("p", 50, 10, ["c"])]),
-        # another pack starts a new run
-        ([(A, D)], 1000, 0, 0, [("p", 0, 10, ["a"]), ("q", 0, 10, ["d"])]),
-        # going backwards in a pack starts a new run
-        ([(B, A)], 1000, 0, 0, [("p", 10, 10, ["b"]), ("p", 0, 10, ["a"])]),
-        # the raw size bound splits runs (a single chunk always fits)
-        ([(A, B)], 150, 0, 0, [("p", 0, 10, ["a"]), ("p", 10, 10, ["b"])]),
-        ([(A,)], 50, 0, 0, [("p", 0, 10, ["a"])]),
+        # adjacent chunks of one pack, across files: one range
+        ([(A,), (B,)], {}, [([("p", 0, 20)], ["a", "b"])]),
+        # a gap within the allowance is downloaded and skipped
+        ([(A, B, C)], {"gap": 30}, [([("p", 0, 60)], ["a", "b", "c"])]),
+        # ... and beyond it ends the run
+        ([(A, B, C)], {"gap": 29}, [([("p", 0, 20)], ["a", "b"]), ([("p", 50, 10)], ["c"])]),
+        # another pack adds a range to the run
+        ([(A, D)], {}, [([("p", 0, 10), ("q", 0, 10)], ["a", "d"])]),
+        # ... unless the run has all the ranges it may have
+        ([(A, D)], {"ranges": 1}, [([("p", 0, 10)], ["a"]), ([("q", 0, 10)], ["d"])]),
+        # a file rewritten in the middle: the old pack's range steps over the replaced chunk
+        ([(A, N, C)], {"gap": 40}, [([("p", 0, 60), ("r", 0, 10)], ["a", "e", "c"])]),
+        # going backwards in a pack ends the run
+        ([(B, A)], {}, [([("p", 10, 10)], ["b"]), ([("p", 0, 10)], ["a"])]),
+        # a chunk already inside the run's range is not downloaded twice
+        ([(A, B), (A,)], {}, [([("p", 0, 20)], ["a", "b", "a"])]),
+        # the raw size bound ends runs (a single chunk always fits)
+        ([(A, B)], {"max_run": 150}, [([("p", 0, 10)], ["a"]), ([("p", 10, 10)], ["b"])]),
+        ([(A,)], {"max_run": 50}, [([("p", 0, 10)], ["a"])]),
         # a repeated chunk (zero pages) is fetched once and served from the cache
         (
             [(Z, D, Z, Z)],
-            1000,
-            0,
-            1000,
-            [("q", 10, 5, ["0"]), ("q", 0, 10, ["d", "cache:0", "cache:0"])],
+            {"cache": 1000},
+            [([("q", 10, 5)], ["0"]), ([("q", 0, 10)], ["d", "cache:0", "cache:0"])],
         ),
-        # ... unless the cache is too small: then it is fetched each time
-        (
-            [(Z, D, Z)],
-            1000,
-            0,
-            99,
-            [("q", 10, 5, ["0"]), ("q", 0, 15, ["d", "0"])],
-        ),
-        ([], 1000, 0, 0, []),
+        # ... unless the cache is too small: then it is fetched again
+        ([(Z, D, Z)], {"cache": 99}, [([("q", 10, 5)], ["0"]), ([("q", 0, 15)], ["d", "0"])]),
+        ([], {}, []),
     ],
 )
 def test_plan_restore_runs(
-    files: list[tuple[str, ...]],
-    max_run: int,
-    gap: int,
-    cache: int,
-    expected: list[tuple[str, int, int, list[str]]],
+    files: list[tuple[str, ...]], limits: dict[str, int], expected: Shape
 ) -> None:
-    runs = plan_restore(
-        _files(*files), LOCATIONS, max_run_bytes=max_run, max_gap=gap, cache_bytes=cache
-    )
-    assert _shape(runs) == expected
+    assert _plan(files, **limits) == expected
 
 
-def test_plan_restore_items_know_their_file_offset_and_cache_lifetime() -> None:
+def test_plan_restore_items_know_their_range_offset_and_cache_lifetime() -> None:
     runs = plan_restore(
-        _files((Z, D), (Z,)), LOCATIONS, max_run_bytes=1000, max_gap=0, cache_bytes=1000
+        _files((Z, A), (Z,), (B,)),
+        LOCATIONS,
+        max_run_bytes=1000,
+        max_gap=0,
+        max_ranges=4,
+        cache_bytes=1000,
     )
     items = [item for run in runs for item in run.items]
     assert items == [
-        RestoreItem(0, 0, Z, 100, (0, 5), keep=True),
-        RestoreItem(0, 1, D, 100, (0, 10)),
+        RestoreItem(0, 0, Z, 100, (0, 0, 5), keep=True),
+        RestoreItem(0, 1, A, 100, (1, 0, 10)),
         RestoreItem(1, 0, Z, 100, None, release=True),
+        RestoreItem(2, 0, B, 100, (1, 10, 10)),
     ]
 
 
 def test_cached_chunks_ride_along_with_the_current_run() -> None:
-    runs = plan_restore(
-        _files((Z, D), (Z,)), LOCATIONS, max_run_bytes=100, max_gap=0, cache_bytes=1000
-    )
-    assert _shape(runs) == [("q", 10, 5, ["0"]), ("q", 0, 10, ["d", "cache:0"])]
-    runs = plan_restore(
-        _files((D, Z, Z)), LOCATIONS, max_run_bytes=100, max_gap=0, cache_bytes=1000
-    )
-    assert _shape(runs)[-1] == ("q", 10, 5, ["0", "cache:0"])
+    assert _plan([(Z, D), (Z,)], max_run=100, cache=1000) == [
+        ([("q", 10, 5)], ["0"]),
+        ([("q", 0, 10)], ["d", "cache:0"]),
+    ]
+    assert _plan([(D, Z, Z)], max_run=100, cache=1000)[-1] == ([("q", 10, 5)], ["0", "cache:0"])
