@@ -109,7 +109,7 @@ class BackupOptions:
     skip_unreadable: bool = False
     chunk_size: int = 512 * KiB
     compression_level: int = 3
-    upload_concurrency: int = 8
+    upload_concurrency: int = 4
     pack_size: int = 8 * MiB
     workers: int = 0
     max_read_attempts: int = 3
