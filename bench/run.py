@@ -429,13 +429,17 @@ class Mushroom(Tool):
         return key.split("/", 1)[0] or "?"
 
     def version(self) -> str:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        return f"mushroom-backup (repo HEAD {head})"
+        """The code under test: the working tree (an editable install), named by HEAD and
+        whether ``mushroom_backup/`` differs from it."""
+
+        def git(*argv: str) -> str:
+            return subprocess.run(
+                ["git", "-C", str(REPO), *argv], capture_output=True, text=True, check=False
+            ).stdout.strip()
+
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "mushroom_backup")
+        return f"mushroom-backup {head}" + (" + uncommitted changes" if dirty else "")
 
 
 def mushroom_has(*command: str) -> bool:
@@ -490,6 +494,7 @@ class Measurement:
     parse_errors: int = 0
     streaming_requests: int = 0
     repetition: int = 1  #: 0 in a summary: medians over the repetitions
+    version: str = ""
 
 
 def measure(
@@ -536,6 +541,7 @@ def measure(
         parse_errors=totals.parse_errors,
         streaming_requests=totals.streaming_requests,
     )
+    m.version = tool.version()
     status = "ok"
     if result.exit_code != 0:
         # Keep the evidence: the work directory (and the log in it) is removed at the end.
@@ -714,6 +720,11 @@ def summarise(ms: Sequence[Measurement]) -> list[Measurement]:
         for name, value in merged.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 merged[name] = statistics.median(getattr(m, name) for m in group)
+        methods = sorted({k for m in group for k in m.by_method})
+        merged["by_method"] = {
+            k: statistics.median(m.by_method.get(k, 0) for m in group) for k in methods
+        }
+        merged["version"] = "; ".join(sorted({m.version for m in group}))
         merged["exit_code"] = max(m.exit_code for m in group)
         merged["repetition"] = 0
         merged["verified"] = "; ".join(sorted({m.verified for m in group if m.verified}))
@@ -813,7 +824,7 @@ def render(report: Report) -> str:
         f"({report.mutation.get('fraction', 0):.2%}).",
         f"Machine: {report.environment['cpus']} CPUs, kernel {report.environment['kernel']}; "
         f"{report.environment['seaweedfs']}; "
-        + "; ".join(f"{v}" for v in report.environment["tools"].values())
+        + "; ".join(sorted({m.version for m in report.measurements if m.version}))
         + ".",
         "",
         "| phase | tool | wall s | CPU s | server CPU s | peak RSS MiB | requests | "
@@ -821,7 +832,7 @@ def render(report: Report) -> str:
         "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for m in report.summary:
-        methods = " ".join(f"{k} {v}" for k, v in sorted(m.by_method.items()))
+        methods = " ".join(f"{k} {_count(v)}" for k, v in sorted(m.by_method.items()))
         flag = "" if m.exit_code == 0 else f" **exit {m.exit_code}**"
         lines.append(
             f"| {m.phase} | {m.tool}{flag} | {m.wall_s:.2f} | {m.cpu_s:.2f} | "
