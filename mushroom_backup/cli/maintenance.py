@@ -35,6 +35,7 @@ from ..snapshot.retention import (
     ForgetResult,
     RetentionPolicy,
     apply_retention,
+    forget_snapshots,
     format_duration,
     policy_from_settings,
 )
@@ -171,6 +172,7 @@ class _ForgetOutcome:
 
 
 @click.command("forget")
+@click.argument("snapshot_ids", nargs=-1, metavar="[SNAPSHOT_ID]...")
 @store_option
 @_keep("last", "Keep the N most recent snapshots.")
 @_keep("hourly", "Keep the newest snapshot of each of the last N hours that have one (UTC).")
@@ -193,6 +195,7 @@ class _ForgetOutcome:
 @click.pass_context
 def forget(
     ctx: click.Context,
+    snapshot_ids: tuple[str, ...],
     store_url: str | None,
     keep_last: int | None,
     keep_hourly: int | None,
@@ -207,7 +210,8 @@ def forget(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Delete the snapshots (manifests) the retention policy does not keep.
+    """Delete the snapshots (manifests) the retention policy does not keep, or the snapshots
+    named by SNAPSHOT_ID (their manifests need not be readable).
 
     The policy is the --keep-* options; without any, the config's [retention] section; without
     that either, forget refuses to run. The snapshot LATEST names is always kept. Buckets are
@@ -227,6 +231,11 @@ def forget(
         yearly=keep_yearly or 0,
         within=keep_within,
     )
+    if snapshot_ids:
+        if not given.empty:
+            raise UsageError("forget takes either snapshot ids or --keep-* options, not both")
+        _forget_by_id(settings, snapshot_ids, and_prune, grace, wait_lease, dry_run, as_json)
+        return
     policy = given if not given.empty else policy_from_settings(settings.retention)
     if policy is None:
         raise UsageError(
@@ -259,6 +268,49 @@ def forget(
             click.echo(prune_summary(outcome.prune))
     if outcome.prune is not None:
         _fail_on_broken(outcome.prune)
+
+
+def _forget_by_id(
+    settings: Settings,
+    snapshot_ids: tuple[str, ...],
+    and_prune: bool,
+    grace: timedelta | None,
+    wait_lease: float | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    chosen_grace = check_grace(grace, settings) if and_prune else DEFAULT_GRACE
+
+    async def work(store: ObjectStore) -> tuple[tuple[str, ...], PruneResult | None]:
+        deleted = await forget_snapshots(store, snapshot_ids, clock=SYSTEM_CLOCK, dry_run=dry_run)
+        pruned = None
+        if and_prune:
+            pruned = await prune(store, clock=SYSTEM_CLOCK, grace=chosen_grace, dry_run=dry_run)
+        return deleted, pruned
+
+    if dry_run:
+        deleted, pruned = run(_read_only(settings, work))
+    else:
+        deleted, pruned = run(
+            run_under_lease(settings, work, what="forget", wait_lease_s=wait_lease)
+        )
+    if as_json:
+        body: dict[str, Any] = {
+            "dry_run": dry_run,
+            "forgotten": list(deleted),
+            "deleted": [] if dry_run else list(deleted),
+        }
+        if pruned is not None:
+            body["prune"] = prune_json(pruned)
+        echo_json(body)
+    else:
+        verb = "would forget" if dry_run else "forgot"
+        click.echo("\n".join(f"{verb} {snapshot_id}" for snapshot_id in deleted))
+        if pruned is not None:
+            click.echo("")
+            click.echo(prune_summary(pruned))
+    if pruned is not None:
+        _fail_on_broken(pruned)
 
 
 def forget_json(result: ForgetResult) -> dict[str, Any]:
@@ -480,8 +532,9 @@ def check(
     if not report.clean:
         raise IntegrityError(
             f"check found {len(report.problems)} problem(s) affecting "
-            f"{len(report.affected_snapshots)} snapshot(s); restore what you can from the "
-            "snapshots not named, take a new backup, and `forget` the damaged ones"
+            f"{len(report.affected_snapshots)} snapshot(s); restore what you need from a snapshot "
+            "not named above, then forget the damaged ones (the README's `check` section says "
+            "how to repair the one LATEST names)"
         )
 
 

@@ -29,35 +29,47 @@ deletes anything: it cannot know what that snapshot needs.
 Why this is safe (the writers that can still exist)
 ---------------------------------------------------
 Prune runs only while holding the bucket lease, so the only other writers are (a) a *stale
-holder* -- one whose lease expired, whose requests were sent before its write deadline and are
-still in flight, or which froze between checking its deadline and sending -- and (b) in
-best-effort mode, a real second writer. A snapshot's write order is packs, then manifest, then
-``LATEST``; and a snapshot's manifest uses only (i) packs it uploaded itself and (ii) packs its
-parent's manifest (the one ``LATEST`` named when it started) uses.
+holder* -- one whose lease expired, with requests sent before its write deadline still in
+flight -- and (b) in best-effort mode, a real second writer. Four facts of the format:
 
-* Packs a writer is uploading, or uploaded for a manifest not written yet, are younger than the
-  grace period: a holder stops starting writes 2/3 of a TTL after its last renewal, and nobody
-  can hold the lease before a full TTL, so every upload of a stale holder was *sent* before
-  we acquired the lease; the grace period (which must exceed the lease TTL, and by default
-  exceeds any plausible request lifetime by hours) covers the time it can spend in flight.
-* Packs a snapshot reuses from its parent stay used by the parent. The parent is the snapshot
-  ``LATEST`` named when the writer started, and ``LATEST`` is always kept by ``forget``. If
-  ``LATEST`` has moved on since (so the parent could have been forgotten), the writer's
-  ``LATEST`` compare-and-swap is refused and its manifest never becomes ``LATEST``.
-* A pack a writer found already present (a create-only upload answered "exists": the bytes of
-  an abandoned snapshot, maybe older than the grace period) is used by its manifest, which it
-  writes before ``LATEST`` and before its deadline -- so before we hold the lease -- and which
-  the sweep-time listing therefore sees. A manifest that lands later still (sent before a
-  deadline, delivered after our listing) can no longer become ``LATEST``: the swap is a new
-  write, and its deadline has passed.
-* So ``LATEST`` only ever names a manifest that prune saw, and everything such a manifest uses
-  is kept. The last listing, after the deletes, reports any manifest that appeared after the
-  sweep and uses a deleted pack (:attr:`PruneResult.broken_snapshots`) -- only a writer that
-  ignores the lease can cause that.
+F1. A snapshot writes its packs, then its manifest, then ``LATEST``, each step only after the
+    previous one returned.
+F2. A manifest uses only packs its writer uploaded (or found present) and packs its parent's
+    manifest uses -- the parent being the snapshot ``LATEST`` named when it started.
+F3. A holder starts no write after its write deadline, 2/3 of a TTL after its last confirmed
+    renewal; nobody can take the lease over before a full TTL (clock skew up to the remaining
+    third is absorbed). So every request a stale holder will ever send was sent before prune
+    acquired the lease.
+F4. ``LATEST`` moves only by compare-and-swap against the version the writer read when it
+    started, and ``forget`` never deletes the snapshot ``LATEST`` names.
+
+Claim: prune never deletes a pack used by a manifest that ``LATEST`` names, now or later.
+
+* A manifest ``LATEST`` comes to name later was written before the swap was sent (F1), and the
+  swap was sent before prune acquired the lease (F3). So that manifest was stored before prune
+  listed anything, prune loads it, and keeps every pack it uses -- however old, including packs
+  its writer found already present (an abandoned snapshot's identical bytes).
+* The manifest ``LATEST`` names now is loaded, or prune deletes nothing.
+* A stale holder's manifest that lands after prune listed (sent before its deadline, delivered
+  late) can never become ``LATEST``: the swap would be a new write after its deadline (F3).
+  Its packs are young and kept by the grace period; if it reused packs its parent used and the
+  parent has been forgotten since, ``LATEST`` moved, so its swap is refused anyway (F4).
+
+The lease alone makes prune safe; **the grace period is what keeps it safe when the lease's
+assumptions fail**: a writer in best-effort mode, a holder whose clock stepped further than the
+fence absorbs or whose VM froze between its check and its send, a store whose listing lags
+behind its writes. Such a writer's own uploads are fresh, and the grace period keeps them until
+its manifest lands. It must exceed the lease TTL (how long a writer that lost the lease without
+knowing it keeps uploading) plus the lifetime of a request (an object's ``last_modified`` may be
+as early as the moment its upload began): the default 24 h leaves hours of margin, and the CLI
+refuses a grace period shorter than the TTL. The listing before each batch of deletes narrows
+what is left to one batch, and the listing after the deletes reports any manifest that
+appeared and uses a deleted pack (:attr:`PruneResult.broken_snapshots`, exit 5) rather than
+staying silent.
 
 Best-effort mode (no conditional writes) weakens this as it weakens the lease: two writers can
-overlap for real, so a writer racing prune can lose a pack it found present. Do not run prune
-while another instance may write; prune logs ``prune.best_effort`` as a reminder.
+overlap for real, and one that found an old unused pack present while prune deletes it loses
+that pack. Do not run prune while another instance may write; prune logs ``prune.best_effort``.
 
 Partly used packs
 -----------------
@@ -258,8 +270,8 @@ class _Manifests:
             except IntegrityError as error:
                 raise IntegrityError(
                     f"prune deletes nothing while a manifest cannot be read: {error.message}. "
-                    "Run `mushroom-backup check`; if that snapshot is beyond repair, delete "
-                    f"{key} by hand and prune again"
+                    "Run `mushroom-backup check`; if that snapshot is beyond repair, "
+                    f"`mushroom-backup forget {snapshot_id}` and prune again"
                 ) from None
         self.loaded[snapshot_id] = manifest
         self.usage.add(manifest)

@@ -44,6 +44,9 @@ every delete starts only while the write deadline holds. Right before each delet
 read again: a snapshot it names now is kept, whatever the plan said. Deletes are idempotent, so
 a retryable failure is retried; a manifest that is already gone counts as deleted.
 
+:func:`forget_snapshots` forgets snapshots named by id instead of by a policy (never the one
+``LATEST`` names); their manifests need not be readable, so this is how a damaged one goes.
+
 Not promised: grouping by host or path (a prefix holds one agent's snapshots; the policy applies
 to all of them together), ``unlimited`` counts, or keeping tags.
 """
@@ -57,10 +60,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
 from ..clock import Clock
-from ..errors import UsageError
+from ..errors import IntegrityError, NotFound, UsageError
 from ..retry import retrying
 from ..store.base import ObjectStore
 from .catalog import list_snapshots, read_latest
+from .ids import is_snapshot_id
 from .manifest import manifest_key
 
 if TYPE_CHECKING:
@@ -262,7 +266,14 @@ async def apply_retention(
     (module docstring). The caller holds the bucket lease and passes a fenced store; with
     ``dry_run`` nothing is written (and no lease is needed)."""
     sleep = clock.sleep
-    infos = await list_snapshots(store, sleep=sleep)
+    try:
+        infos = await list_snapshots(store, sleep=sleep)
+    except IntegrityError as error:
+        raise IntegrityError(
+            f"{error.message}. forget applies no policy while a snapshot cannot be read; "
+            "run `mushroom-backup check`, and forget that snapshot by its id "
+            "(`mushroom-backup forget SNAPSHOT_ID`) if it is beyond repair"
+        ) from None
     latest = await read_latest(store, sleep=sleep)
     latest_id = latest.snapshot_id if latest is not None else None
     now = clock.wall()
@@ -316,6 +327,55 @@ async def apply_retention(
     )
 
 
+async def forget_snapshots(
+    store: ObjectStore,
+    snapshot_ids: Iterable[str],
+    *,
+    clock: Clock,
+    dry_run: bool = False,
+) -> tuple[str, ...]:
+    """Forget the named snapshots (``forget SNAPSHOT_ID...``): delete their manifests, which
+    need not be readable -- this is how a damaged one is removed. Every id must name an
+    existing manifest and none may be the snapshot ``LATEST`` names (UsageError before anything
+    is deleted); ``LATEST`` is read again before each delete. Returns the ids (to be)
+    deleted."""
+    sleep = clock.sleep
+    ids = list(dict.fromkeys(snapshot_ids))
+    for snapshot_id in ids:
+        if not is_snapshot_id(snapshot_id):
+            raise UsageError(
+                f"{snapshot_id!r} is not a snapshot id (like 20261129T101500.123Z-3f9a1c2e); "
+                "list them with `mushroom-backup snapshots`"
+            )
+        try:
+            await store.head(manifest_key(snapshot_id))
+        except NotFound:
+            raise UsageError(
+                f"there is no snapshot {snapshot_id}; list them with `mushroom-backup snapshots`"
+            ) from None
+    for snapshot_id in ids:
+        await _refuse_latest(store, snapshot_id, sleep)
+    if dry_run:
+        return tuple(ids)
+    for snapshot_id in ids:
+        await _refuse_latest(store, snapshot_id, sleep)
+        await _delete(store, manifest_key(snapshot_id), sleep)
+        log.info("forget.deleted", extra={"fields": {"snapshot_id": snapshot_id}})
+    return tuple(ids)
+
+
+async def _refuse_latest(store: ObjectStore, snapshot_id: str, sleep: Sleep) -> None:
+    try:
+        current = await read_latest(store, sleep=sleep)
+    except IntegrityError:
+        current = None  # an unreadable LATEST names nothing we could protect
+    if current is not None and current.snapshot_id == snapshot_id:
+        raise UsageError(
+            f"snapshot {snapshot_id} is the one LATEST names, which is never forgotten; take "
+            "a new backup first (or see the README's `check` section to repair a damaged one)"
+        )
+
+
 async def _delete(store: ObjectStore, key: str, sleep: Sleep) -> None:
     async def call() -> None:
         await store.delete(key)
@@ -331,6 +391,7 @@ __all__ = [
     "SnapshotStamp",
     "apply_retention",
     "bucket_of",
+    "forget_snapshots",
     "format_duration",
     "plan_retention",
     "policy_from_settings",

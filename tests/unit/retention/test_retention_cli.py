@@ -275,3 +275,41 @@ def test_check_refuses_two_read_modes(repo: Repo) -> None:
     code, _, err = invoke("check", "--store", repo.url, "--read-data", "--read-data-subset", "10")
     assert code == 2
     assert "either --read-data or --read-data-subset" in err
+
+
+def test_forget_by_id_removes_a_damaged_snapshot_so_prune_can_run(repo: Repo) -> None:
+    ids = [repo.snapshot() for _ in range(2)]
+    (repo.root / "manifests" / ids[0]).write_bytes(
+        b"mushroom-backup object v1 " + b"0" * 32 + b"\n!"
+    )
+    code, _, err = invoke("prune", "--store", repo.url)
+    assert code == 5
+    assert f"forget {ids[0]}" in err
+    code, _, err = invoke("forget", "--store", repo.url, "--keep-last", "5")
+    assert code == 5
+    assert "forget SNAPSHOT_ID" in err
+    code, out, err = invoke("forget", ids[0], "--store", repo.url)
+    assert code == 0, err
+    assert out.strip() == f"forgot {ids[0]}"
+    assert repo.manifests() == ids[1:]
+    code, _, err = invoke("prune", "--store", repo.url)
+    assert code == 0, err
+
+
+def test_forget_by_id_refuses_latest_unknown_ids_and_mixing_with_a_policy(repo: Repo) -> None:
+    ids = [repo.snapshot() for _ in range(2)]
+    for args, message in [
+        ((ids[1],), "is the one LATEST names"),
+        ((ids[0], ids[1]), "is the one LATEST names"),
+        (("20200101T000000.000Z-00000000",), "there is no snapshot"),
+        (("latest",), "not a snapshot id"),
+        ((ids[0], "--keep-last", "1"), "either snapshot ids or --keep-* options"),
+    ]:
+        code, _, err = invoke("forget", *args, "--store", repo.url)
+        assert code == 2, err
+        assert message in err
+    assert repo.manifests() == ids  # nothing was deleted by any of them
+    code, out, err = invoke("forget", ids[0], "--store", repo.url, "--dry-run", "--json")
+    assert code == 0, err
+    assert json.loads(out) == {"dry_run": True, "forgotten": [ids[0]], "deleted": []}
+    assert repo.manifests() == ids
