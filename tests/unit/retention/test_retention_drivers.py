@@ -474,3 +474,26 @@ async def test_best_effort_mode_forgets_and_prunes_with_a_warning(
     report = await check_store(bucket.store, clock=bucket.clock, read_data=True)
     assert report.clean
     assert report.reclaimable_packs == 0
+
+
+async def test_the_documented_repair_of_a_damaged_latest_snapshot(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    """README, check: delete the damaged snapshot's manifest (and the corrupt pack) by hand;
+    the next backup reads everything again and LATEST names a complete snapshot."""
+    first = await bucket.snapshot()
+    victim = sorted(data_keys(bucket.store.keys))[0]
+    await bucket.store.delete(victim)
+    assert not (await check_store(bucket.store, clock=bucket.clock)).clean
+    inherited = await bucket.snapshot()  # unchanged files are reused: the damage is inherited
+    report = await check_store(bucket.store, clock=bucket.clock)
+    assert inherited.snapshot_id in report.affected_snapshots
+
+    for snapshot_id in (first.snapshot_id, inherited.snapshot_id):
+        await bucket.store.delete(manifest_key(snapshot_id))
+    repaired = await bucket.snapshot()
+    assert repaired.parent_id == inherited.snapshot_id  # LATEST pointed nowhere: read in full
+    assert victim in bucket.store.keys  # uploaded again
+    report = await check_store(bucket.store, clock=bucket.clock, read_data=True)
+    assert report.clean
+    assert await _restores(bucket, repaired.snapshot_id, tmp_path / "r") == _source_at(bucket, 0)
