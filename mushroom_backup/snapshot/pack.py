@@ -82,15 +82,18 @@ _local = threading.local()
 
 
 def compress_chunk(data: bytes | memoryview, level: int) -> bytes:
-    """One zstd frame of ``data`` (content size recorded). Thread-safe: one compressor per
-    thread and level; zstandard releases the GIL while it works."""
+    """One zstd frame of ``data`` (content size recorded), in a bytes object of exactly its
+    size. Thread-safe: one compressor per thread and level; zstandard releases the GIL."""
     cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "compressors", None)
     if cache is None:
         cache = _local.compressors = {}
     compressor = cache.get(level)
     if compressor is None:
         compressor = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
-    return compressor.compress(data)
+    frame = compressor.compress(data)
+    # zstandard allocates the frame at its worst-case size (about len(data)) and keeps that
+    # allocation: copy it out, so that a pack of frames holds its bytes only once.
+    return bytes(memoryview(frame))
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:
@@ -147,16 +150,14 @@ class SealedPack:
 
 class PackBuilder:
     """Collects compressed chunks until the caller seals them into a pack. Not thread-safe:
-    one owner adds and seals; sealing may run in a worker thread while nobody adds.
-
-    Frames are copied into one growing buffer as they are added, so the pack in progress
-    holds its bytes once (zstandard's frames are allocated at their worst-case size, about
-    the raw chunk's, and would hold that much memory each if they were kept)."""
+    one owner adds and seals; sealing (which copies the frames into one object and hashes
+    it) may run in a worker thread while nobody adds."""
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._frames: list[bytes] = []
         self._chunks: list[PackedChunk] = []
         self._ids: set[str] = set()
+        self.size = 0
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -164,19 +165,15 @@ class PackBuilder:
     def __contains__(self, chunk_id: object) -> bool:
         return chunk_id in self._ids
 
-    @property
-    def size(self) -> int:
-        """Bytes of frames added so far."""
-        return len(self._buffer)
-
     def add(self, chunk_id: str, frame: bytes, raw_length: int) -> PackedChunk:
         """Append one chunk's frame. Adding an id already in this pack is a ValueError."""
         if chunk_id in self._ids:
             raise ValueError(f"chunk {chunk_id} is already in this pack")
-        placed = PackedChunk(chunk_id, len(self._buffer), len(frame), raw_length)
-        self._buffer += frame
+        placed = PackedChunk(chunk_id, self.size, len(frame), raw_length)
+        self._frames.append(frame)
         self._chunks.append(placed)
         self._ids.add(chunk_id)
+        self.size += len(frame)
         return placed
 
     def seal(self) -> SealedPack:
@@ -185,10 +182,10 @@ class PackBuilder:
             raise ValueError("an empty pack cannot be sealed")
         chunks = tuple(self._chunks)
         trailer = encode_trailer(chunks)
-        self._buffer += trailer
-        self._buffer += _FOOTER.pack(len(trailer), PACK_MAGIC)
-        data = bytes(self._buffer)
-        self._buffer, self._chunks, self._ids = bytearray(), [], set()
+        self._frames.append(trailer)
+        self._frames.append(_FOOTER.pack(len(trailer), PACK_MAGIC))
+        data = b"".join(self._frames)
+        self._frames, self._chunks, self._ids, self.size = [], [], set(), 0
         return SealedPack(hashlib.sha256(data).hexdigest(), data, chunks)
 
 
