@@ -21,7 +21,7 @@ Order and promises
   store failed after retries -- the other uploads are cancelled, nothing more is written, and
   the error propagates: no manifest, ``LATEST`` untouched. The same holds for cancellation
   (``CancelledError`` is never swallowed) and for any other error.
-* Memory is bounded whatever the file sizes: at most ``4 * workers + 4`` chunks between reading
+* Memory is bounded whatever the file sizes: at most ``8 * workers + 8`` chunks between reading
   and packing, one open pack, and ``upload_concurrency`` packs in flight.
 * CPU work runs off the event loop: reads and the whole-file hash on one reader thread (a
   file's chunks must be hashed in order), chunk hashing and compression on ``workers`` threads.
@@ -300,7 +300,9 @@ class _Pipeline:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="mushroom-chunk")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="mushroom-read")
         self._window: deque[tuple[_SmallBatch | _Chunk, asyncio.Future[Any]]] = deque()
-        self._window_limit = 4 * workers + 4
+        # Generous: the event loop also runs the HTTP client (request signing hashes every
+        # upload), and while it is busy the workers must find work queued.
+        self._window_limit = 8 * workers + 8
         self._batch: list[ScannedEntry] = []
         self._batch_bytes = 0
         self._packer = PackBuilder()
