@@ -432,6 +432,9 @@ async def _restore_files(
         while (queued := await window.get()) is not None:
             run, task = queued
             decoded = await task
+            # The task holds its result too: drop every reference before the bytes are
+            # counted as free.
+            del queued, task
             done, written = await loop.run_in_executor(writer_thread, writer.apply, run, decoded)
             del decoded
             await budget.release(_footprint(run))
