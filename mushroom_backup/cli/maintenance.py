@@ -414,6 +414,10 @@ def prune_command(
     _fail_on_broken(result)
 
 
+def _packs(count: int) -> str:
+    return f"{count} unused pack" + ("" if count == 1 else "s")
+
+
 def _fail_on_broken(result: PruneResult) -> None:
     if result.broken_snapshots:
         raise IntegrityError(
@@ -456,11 +460,11 @@ def prune_summary(result: PruneResult) -> str:
         ("used by snapshots", f"{result.used_packs} ({human_bytes(result.used_bytes)})"),
         (
             verb,
-            f"{len(result.deleted)} unused packs, {human_bytes(result.deleted_bytes)} reclaimed",
+            f"{_packs(len(result.deleted))}, {human_bytes(result.deleted_bytes)} reclaimed",
         ),
         (
             "kept, within grace",
-            f"{result.young_packs} unused packs ({human_bytes(result.young_bytes)}) younger "
+            f"{_packs(result.young_packs)} ({human_bytes(result.young_bytes)}) younger "
             f"than {format_duration(result.grace)}",
         ),
         (
@@ -587,7 +591,7 @@ def check_summary(report: CheckReport) -> str:
     lines += [
         f"snapshots: {report.snapshots}, LATEST: {report.latest_id or '-'}",
         f"used packs: {report.used_packs} ({human_bytes(report.used_bytes)}); {read}",
-        f"reclaimable: {report.reclaimable_packs} unused packs "
+        f"reclaimable: {_packs(report.reclaimable_packs)} "
         f"({human_bytes(report.reclaimable_bytes)}); `mushroom-backup prune` deletes them",
     ]
     lines += [f"unknown object (left alone): {key}" for key in report.unknown_keys]

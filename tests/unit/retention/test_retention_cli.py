@@ -200,7 +200,7 @@ def test_prune_deletes_old_orphans_and_reports_space(repo: Repo) -> None:
 
     code, out, err = invoke("prune", "--store", repo.url)
     assert code == 0, err
-    assert f"deleted             {len(old)} unused packs" in out
+    assert f"deleted             {len(old)} unused pack" in out
     assert "reclaimed" in out
     assert not any(p.exists() for p in old)
     assert all(p.exists() for p in young)
