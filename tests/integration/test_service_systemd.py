@@ -28,7 +28,7 @@ else:
 
 agents = pytest.fixture(agents_fixture)
 
-WATCHDOG_USEC = 400_000  # keep-alives every 0.2 s
+WATCHDOG_USEC = 1_000_000  # keep-alives every 0.5 s
 
 #: Every series the metrics module documents, with its type.
 SERIES = {
@@ -132,7 +132,8 @@ def test_notify_socket_and_metrics_endpoint(
     got.until("three keep-alives", lambda: got.lines().count("WATCHDOG=1") >= 3)
     beats = [at for at, d in got.received if d == ["WATCHDOG=1"]]
     gaps = [b - a for a, b in itertools.pairwise(beats)]
-    assert all(0.1 <= gap <= 0.6 for gap in gaps), gaps  # every WATCHDOG_USEC / 2
+    # Every WATCHDOG_USEC / 2: never so late that systemd's watchdog would fire, nor spamming.
+    assert all(0.3 <= gap < WATCHDOG_USEC / 1e6 for gap in gaps), gaps
 
     agent.wait_for("snapshot.completed")
     status, text = scrape(port)
