@@ -13,10 +13,12 @@ What one run does (``python bench/run.py``):
    ``scripts/compare_trees.py``;
 5. per phase and tool records wall time, CPU time, peak RSS (``wait4`` rusage of the client,
    which covers its reaped children; plus a sampled sum over its live process tree), requests
-   by method, request-body bytes on the wire, bytes down, and the objects stored in its bucket
-   afterwards;
+   by method, request-body bytes on the wire, bytes down, SeaweedFS's CPU time, the objects
+   stored in its bucket afterwards, and the revision of the code under test;
 6. prints a markdown table of figures, a table of the issue's targets with the ratios to restic
-   and PASS/FAIL, and writes both and the raw JSON to ``bench/out/``.
+   and PASS/FAIL, and writes both and the raw JSON to ``bench/out/``. ``--repeat N`` runs the
+   whole sequence N times (fresh data and buckets, first tool swapped each time) and reports
+   medians; the RSS target takes the highest peak of all.
 
 ``--rss-sweep`` instead runs only mushroom-backup's initial backup and restore for data sets
 whose largest file is 100 MiB, 500 MiB, 1 GiB and 2 GiB, and reports peak RSS for each.
