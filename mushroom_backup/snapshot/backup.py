@@ -22,7 +22,9 @@ Order and promises
   the error propagates: no manifest, ``LATEST`` untouched. The same holds for cancellation
   (``CancelledError`` is never swallowed) and for any other error.
 * Memory is bounded whatever the file sizes: at most ``8 * workers + 8`` chunks between reading
-  and packing, one open pack, and ``upload_concurrency`` packs in flight.
+  and packing, one open pack, and ``upload_concurrency`` sealed packs (a pack is sealed only
+  once an upload slot is free). With the defaults that is about 4 + 8 + 4 x 8 MiB, plus what
+  the store's client copies while sending.
 * CPU work runs off the event loop: reads and the whole-file hash on one reader thread (a
   file's chunks must be hashed in order), chunk hashing and compression on ``workers`` threads.
 * A file that changes while it is read is read again, up to ``max_read_attempts`` times; if it
@@ -181,16 +183,22 @@ class _Uploads:
         if self.failure is not None:
             raise self.failure
 
-    async def start(self, pack: SealedPack) -> None:
+    async def start(self, seal: Callable[[], Awaitable[SealedPack]]) -> SealedPack:
+        """Wait for a free slot, then seal the pack and start its upload (sealing only once a
+        slot is free keeps at most ``concurrency`` sealed packs in memory)."""
         await self._slots.acquire()
-        if self.failure is not None:
+        try:
+            self.check()
+            pack = await seal()
+        except BaseException:
             self._slots.release()
-            raise self.failure
+            raise
         task = asyncio.create_task(self._put(pack), name=f"upload {pack.key}")
         self._tasks.add(task)
         task.add_done_callback(self._done)
         self.packs += 1
         self.bytes += len(pack.data)
+        return pack
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -535,9 +543,11 @@ class _Pipeline:
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        pack = await loop.run_in_executor(self._pool, self._packer.seal)
-        self.index.add_pack(pack)
-        await self.uploads.start(pack)
+
+        async def seal() -> SealedPack:
+            return await loop.run_in_executor(self._pool, self._packer.seal)
+
+        self.index.add_pack(await self.uploads.start(seal))
 
     # Files that do not read cleanly.
 
