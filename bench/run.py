@@ -53,10 +53,11 @@ from typing import Any
 import botocore.session  # type: ignore[import-untyped]
 from botocore.config import Config  # type: ignore[import-untyped]
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script (python bench/run.py) or a module (python -m bench.run) alike.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import dataset
-from proxy import CountingProxy, Totals
+from bench import dataset
+from bench.proxy import CountingProxy, Totals
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"
