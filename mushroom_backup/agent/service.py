@@ -104,8 +104,10 @@ def _fields(**fields: object) -> dict[str, dict[str, object]]:
 class Service:
     """The agent; see the module docstring. ``run()`` returns the process exit code.
 
-    Tests drive it with a :class:`~mushroom_backup.clock.FakeClock`, an in-memory ``store`` and
-    a recording ``notifier``; :attr:`state` says where the loop is.
+    Test seams: ``clock`` (a :class:`~mushroom_backup.clock.FakeClock`), ``store`` (left open:
+    it belongs to the caller), ``notifier`` (one that records), ``install_signal_handlers=False``
+    (several services in one event loop; call :meth:`stop` and :meth:`request_snapshot`
+    directly), and :attr:`state` ("starting", "standby", "holding", "stopping").
     """
 
     def __init__(
