@@ -28,6 +28,8 @@ never contain credentials: anything that may echo a URL or a service answer goes
     │   ├── ProcessLeaseIO                     the store failed or moved under us
     │   ├── ProcessLeaseDeadline               the caller's deadline expired
     │   └── ProcessLeaseHeld           exit 3  a live process owns the node id
+    ├── Interrupted                    128+N   stopped by signal N (SIGINT 130, SIGTERM 143) after
+    │                                          cancelling the work and releasing the lease
     ├── SnapshotError                  exit 1  a snapshot could not be taken or read
     └── IntegrityError                 exit 5  stored data is missing, corrupt or unsafe
         └── UnsafePath                 exit 5  a manifest path would escape the restore target
@@ -230,6 +232,17 @@ class ProcessLeaseHeld(ProcessLeaseError):
     """A live process owns the node id."""
 
     exit_code = EXIT_LEASE_HELD
+
+
+class Interrupted(MushroomError):
+    """A one-shot command was stopped by a signal; its work was cancelled and cleaned up."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(
+            f"interrupted by {name}: the work in flight was cancelled (a snapshot in flight is "
+            "abandoned and LATEST is untouched) and the lease was released"
+        )
+        self.exit_code = 128 + signum
 
 
 # --- snapshots -----------------------------------------------------------------------------

@@ -44,10 +44,14 @@ Log events (JSON fields in parentheses): ``service.started`` (instance_id, ...),
 :mod:`..lease.bucket`), ``snapshot.triggered`` (reason), ``snapshot.started`` /
 ``snapshot.completed`` (from :mod:`..snapshot.backup`), ``snapshot.abandoned`` /
 ``snapshot.failed`` (reason / error), ``service.lease_lost`` (reason), ``lease.released``,
-``service.stopping``, ``service.stopped`` (exit_code).
+``service.stopping``, ``service.stopped`` (exit_code), ``retention.applied`` (kept, forgotten)
+/ ``retention.abandoned`` / ``retention.failed``.
 
-Not promised: retention after each snapshot (``forget`` is its own command for now); an early
-retry of a failed snapshot (the next one is one interval after the failed one started).
+After each successful snapshot the ``[retention]`` policy, when the config sets one, forgets the
+snapshots it does not keep, through the same fence; ``prune`` stays its own command.
+
+Not promised: an early retry of a failed snapshot (the next one is one interval after the
+failed one started).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from ..lease.process.holder import ProcessLeaseHolder
 from ..lease.record import new_instance_id
 from ..snapshot.backup import SnapshotResult
 from ..snapshot.catalog import read_latest
+from ..snapshot.retention import RetentionPolicy, policy_from_settings
 from ..store import ObjectStore, open_store
 from . import metrics as metrics_module
 from .notify import Notifier, watchdog_interval
@@ -129,6 +134,8 @@ class Service:
         self.metrics = metrics_module.Metrics()
         self.instance_id = new_instance_id()
         self.identity = identity
+        #: The [retention] policy applied after each successful snapshot (None: keep all).
+        self.retention = policy_from_settings(settings.retention)
         self.exit_code = 0
         self.stop_grace_s = stop_grace_s
         self.release_timeout_s = release_timeout_s
@@ -538,9 +545,26 @@ class Service:
                 )
             else:
                 self._completed(task.result(), started)
+                if self.retention is not None and not self.stopping:
+                    await self._forget(runner, self.retention)
         finally:
             if not self.stopping:
                 self._status_holding()
+
+    async def _forget(self, runner: SnapshotRunner, policy: RetentionPolicy) -> None:
+        """The configured retention policy after a successful snapshot (forget only; prune is
+        its own command). A failure is logged; the next snapshot tries again."""
+        try:
+            result = await runner.forget(policy)
+        except (LeaseLost, FenceClosed) as error:
+            _log.warning("retention.abandoned", extra=_fields(reason=error.message))
+        except MushroomError as error:
+            _log.error("retention.failed", extra=_fields(error=error.message))
+        else:
+            _log.info(
+                "retention.applied",
+                extra=_fields(kept=len(result.kept), forgotten=list(result.deleted)),
+            )
 
     async def _until_done_or_stopped(
         self, task: asyncio.Task[SnapshotResult], runner: SnapshotRunner

@@ -39,6 +39,7 @@ from ..lease.record import LeaseWatch, new_instance_id
 from ..snapshot.backup import BackupOptions, SnapshotResult, take_snapshot
 from ..snapshot.manifest import WriterInfo
 from ..snapshot.progress import ProgressSink
+from ..snapshot.retention import ForgetResult, RetentionPolicy, apply_retention
 from ..store import ObjectStore, open_store
 from .identity import CombinedFence
 
@@ -204,15 +205,26 @@ class SnapshotRunner:
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
+    def fenced_store(self) -> FencedStore:
+        """The store as this holder may write it: every write passes the bucket lease's fence
+        and, in a cluster, the process lease's too."""
+        fence: Fence = self.lease
+        if self.extra_fence is not None:
+            fence = CombinedFence((self.lease, self.extra_fence))
+        return FencedStore(self.store, fence, self.clock)
+
+    async def forget(self, policy: RetentionPolicy) -> ForgetResult:
+        """Apply the retention policy under the held lease, every delete fenced."""
+        if self._lost is not None or self.lease.lost:
+            raise self._lost or LeaseLost(None)
+        return await apply_retention(self.fenced_store(), policy, clock=self.clock)
+
     async def snapshot(self, source: Path, progress: ProgressSink | None = None) -> SnapshotResult:
         """One snapshot through the fence. Raises LeaseLost / FenceClosed (exit 4) when it is
         abandoned because of the lease; ``LATEST`` is then untouched."""
         if self._lost is not None or self.lease.lost:
             raise self._lost or LeaseLost(None)
-        fence: Fence = self.lease
-        if self.extra_fence is not None:
-            fence = CombinedFence((self.lease, self.extra_fence))
-        fenced = FencedStore(self.store, fence, self.clock)
+        fenced = self.fenced_store()
         self._task = asyncio.create_task(
             take_snapshot(
                 fenced,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -18,6 +19,7 @@ import click
 
 from .. import log
 from ..config import Settings, load_settings
+from ..errors import Interrupted
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,8 +51,40 @@ def settings_for(ctx: click.Context, flags: dict[tuple[str, ...], Any] | None = 
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one command's coroutine to completion."""
-    return asyncio.run(coro)
+    """Run one command's coroutine to completion. SIGINT and SIGTERM cancel it, so its
+    ``finally`` blocks run (a snapshot is abandoned, the lease released), and then raise
+    :class:`~mushroom_backup.errors.Interrupted` (exit 128 + the signal number)."""
+    received: list[signal.Signals] = []
+
+    async def main() -> T:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, _interrupt, task, sig, received)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
+        try:
+            return await task
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if received:
+            raise Interrupted(received[0].value, received[0].name) from None
+        raise
+
+
+def _interrupt(
+    task: asyncio.Future[Any], sig: signal.Signals, received: list[signal.Signals]
+) -> None:
+    received.append(sig)
+    task.cancel()
 
 
 def echo_json(value: Any) -> None:

@@ -95,13 +95,14 @@ class Harness:
     notifier: RecordingNotifier
     tasks: list[asyncio.Task[int]] = field(default_factory=list)
 
-    def settings(self, **schedule: Any) -> Settings:
+    def settings(self, retention: dict[str, Any] | None = None, **schedule: Any) -> Settings:
         return Settings.model_validate(
             {
                 "store": self.bucket.url,
                 "source": str(self.source),
                 "lease": {"ttl_s": TTL_S},
                 "schedule": {"interval_s": INTERVAL_S, **schedule},
+                "retention": retention or {},
             }
         )
 
@@ -110,10 +111,11 @@ class Harness:
         *,
         identity: ProcessLeaseHolder | None = None,
         stop_grace_s: float = 30.0,
+        retention: dict[str, Any] | None = None,
         **schedule: Any,  # ScheduleSettings fields
     ) -> Service:
         return Service(
-            self.settings(**schedule),
+            self.settings(retention, **schedule),
             clock=self.clock,
             notifier=self.notifier,
             store=self.store,

@@ -470,3 +470,29 @@ async def test_a_failing_snapshot_is_logged_and_the_service_carries_on(h: Harnes
     await h.jump_until(
         lambda: h.log.count("snapshot.triggered") == 3, "the next interval", limit_s=INTERVAL_S
     )
+
+
+# --- retention -------------------------------------------------------------------------------
+
+
+async def test_the_retention_policy_forgets_after_each_successful_snapshot(h: Harness) -> None:
+    service = h.service(retention={"keep_last": 2})
+    h.start(service)
+    for taken in (1, 2, 3):
+        if taken > 1:
+            service.request_snapshot()
+        await h.until(lambda n=taken: h.log.count("snapshot.completed") == n, f"snapshot {taken}")
+        await h.until(lambda n=taken: h.log.count("retention.applied") == n, f"forget {taken}")
+    kept = manifests(h)
+    assert len(kept) == 2, "keep_last = 2 leaves two manifests after the third snapshot"
+    assert await latest_id(h) in kept
+    assert h.log.last("retention.applied").fields["kept"] == 2
+    assert len(h.log.last("retention.applied").fields["forgotten"]) == 1
+
+
+async def test_without_a_policy_nothing_is_forgotten(h: Harness) -> None:
+    service, _ = await holding_after_first_snapshot(h)
+    service.request_snapshot()
+    await h.until(lambda: h.log.count("snapshot.completed") == 2, "the second snapshot")
+    assert h.log.count("retention.applied") == 0
+    assert len(manifests(h)) == 2
