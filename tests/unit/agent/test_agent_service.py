@@ -481,8 +481,15 @@ async def test_the_retention_policy_forgets_after_each_successful_snapshot(h: Ha
     for taken in (1, 2, 3):
         if taken > 1:
             service.request_snapshot()
-        await h.until(lambda n=taken: h.log.count("snapshot.completed") == n, f"snapshot {taken}")
-        await h.until(lambda n=taken: h.log.count("retention.applied") == n, f"forget {taken}")
+
+        def completed(n: int = taken) -> bool:
+            return h.log.count("snapshot.completed") == n
+
+        def forgotten(n: int = taken) -> bool:
+            return h.log.count("retention.applied") == n
+
+        await h.until(completed, f"snapshot {taken}")
+        await h.until(forgotten, f"forget {taken}")
     kept = manifests(h)
     assert len(kept) == 2, "keep_last = 2 leaves two manifests after the third snapshot"
     assert await latest_id(h) in kept
