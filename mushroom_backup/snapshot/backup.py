@@ -23,7 +23,7 @@ Order and promises
   (``CancelledError`` is never swallowed) and for any other error.
 * Memory is bounded whatever the file sizes: at most ``8 * workers + 8`` chunks between reading
   and packing, one open pack, and ``upload_concurrency`` sealed packs (a pack is sealed only
-  once an upload slot is free). With the defaults that is about 4 + 8 + 4 x 8 MiB, plus what
+  once an upload slot is free). With the defaults that is about 12 + 4 + 4 x 4 MiB, plus what
   the store's client copies while sending.
 * CPU work runs off the event loop: reads and the whole-file hash on one reader thread (a
   file's chunks must be hashed in order), chunk hashing and compression on ``workers`` threads.
@@ -46,6 +46,7 @@ import errno
 import logging
 import math
 import os
+import queue
 import secrets
 import socket
 from collections import deque
@@ -112,7 +113,7 @@ class BackupOptions:
     chunk_size: int = 512 * KiB
     compression_level: int = 3
     upload_concurrency: int = 4
-    pack_size: int = 8 * MiB
+    pack_size: int = 4 * MiB
     workers: int = 0
     max_read_attempts: int = 3
     fail_on_unstable: bool = False
@@ -318,6 +319,8 @@ class _Pipeline:
         self._large: list[_LargeFile] = []
         self._grew: list[ScannedEntry] = []
         self._open: set[OpenFile] = set()
+        # Read buffers of large-file chunks, reused: at most one per window slot is in use.
+        self._buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
 
     # The dispatcher: the only coroutine that touches the window, the packer and the index.
 
@@ -437,20 +440,29 @@ class _Pipeline:
     def _read_chunk(
         self, file: OpenFile, offset: int, length: int, result: Future[ChunkResult]
     ) -> None:
-        """Reader thread: read a chunk (feeding the file hash), hand it to a worker."""
+        """Reader thread: read a chunk into a free buffer (feeding the file hash), hand it
+        to a worker."""
         if not result.set_running_or_notify_cancel():
             return
         try:
-            data = file.read(offset, length)
+            buffer = self._buffers.get_nowait()
+        except queue.Empty:
+            buffer = bytearray(self.options.chunk_size)
+        try:
+            data = file.read_into(buffer, offset, length)
             if data:
-                self._pool.submit(self._hash_and_compress, data, result)
-            else:
-                result.set_result(("", None, 0))
+                self._pool.submit(self._hash_and_compress, buffer, data, result)
+                return
+            result.set_result(("", None, 0))
         except BaseException as error:
             result.set_exception(error)
+        self._buffers.put(buffer)
 
-    def _hash_and_compress(self, data: bytes, result: Future[ChunkResult]) -> None:
-        """Worker thread: a chunk's id, and its frame if it is new."""
+    def _hash_and_compress(
+        self, buffer: bytearray, data: memoryview, result: Future[ChunkResult]
+    ) -> None:
+        """Worker thread: a chunk's id, and its frame if it is new; the buffer is free again
+        before the result is known (so a retired window slot always finds one)."""
         try:
             chunk_id, frame = hash_and_compress(
                 data, self.options.compression_level, self.index.is_new
@@ -458,7 +470,11 @@ class _Pipeline:
         except BaseException as error:
             result.set_exception(error)
             return
-        result.set_result((chunk_id, frame, len(data)))
+        finally:
+            length = len(data)
+            data.release()
+            self._buffers.put(buffer)
+        result.set_result((chunk_id, frame, length))
 
     async def _retire(self) -> None:
         target, future = self._window.popleft()

@@ -9,9 +9,9 @@ either stores the last read flagged ``unstable`` (with a warning) or fails, as c
 
 * :func:`read_small` -- a file of at most one chunk, read, checked, retried, hashed and (if its
   chunk is new) compressed in one call; its whole-file hash *is* its chunk id.
-* :class:`OpenFile` -- one attempt at a larger file: :meth:`OpenFile.read` is called for its
-  chunks in order from a single thread (it feeds the whole-file hash), :meth:`OpenFile.finish`
-  after the last one.
+* :class:`OpenFile` -- one attempt at a larger file: :meth:`OpenFile.read_into` is called for
+  its chunks in order from a single thread (it feeds the whole-file hash),
+  :meth:`OpenFile.finish` after the last one.
 
 Files are opened ``O_NOFOLLOW | O_NONBLOCK`` (a name swapped for a symlink or a FIFO since the
 scan is not followed or waited on) and ``O_NOATIME`` where the kernel allows it.
@@ -157,7 +157,7 @@ def read_small_batch(
 
 
 def hash_and_compress(
-    data: bytes, level: int, is_new: Callable[[str], bool]
+    data: bytes | memoryview, level: int, is_new: Callable[[str], bool]
 ) -> tuple[str, bytes | None]:
     """A chunk's id, and its zstd frame if ``is_new(id)`` (else None: nothing to store)."""
     digest = hashlib.sha256(data).hexdigest()
@@ -176,14 +176,22 @@ class OpenFile:
         self.hasher = hashlib.sha256()
         self.bytes_read = 0
 
-    def read(self, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` (fewer at the end), fed to the whole-file hash.
-        Must be called in file order."""
+    def read_into(self, buffer: bytearray, offset: int, length: int) -> memoryview:
+        """Read ``length`` bytes at ``offset`` (fewer at the end) into ``buffer`` and feed them
+        to the whole-file hash; returns the part of ``buffer`` filled. Must be called in file
+        order. (A caller-owned buffer: reading a large file allocates nothing per chunk.)"""
         if self.fd is None:
             raise ValueError(f"{self.path} is closed")
-        data = os.pread(self.fd, length, offset)
+        view = memoryview(buffer)[:length]
+        filled = 0
+        while filled < length:
+            count = os.preadv(self.fd, [view[filled:]], offset + filled)
+            if count == 0:
+                break
+            filled += count
+        data = view[:filled]
         self.hasher.update(data)
-        self.bytes_read += len(data)
+        self.bytes_read += filled
         return data
 
     def finish(self) -> tuple[FileStamp, bool]:
