@@ -15,6 +15,10 @@ either stores the last read flagged ``unstable`` (with a warning) or fails, as c
 
 Files are opened ``O_NOFOLLOW | O_NONBLOCK`` (a name swapped for a symlink or a FIFO since the
 scan is not followed or waited on) and ``O_NOATIME`` where the kernel allows it.
+
+Not detected: a write that keeps the size and lands within the same tick of the filesystem's
+timestamp clock as the read (the kernel stamps mtime/ctime from a coarse clock, a few ms). The
+same limit applies to change detection between snapshots; restic and rsync share it.
 """
 
 from __future__ import annotations
