@@ -66,7 +66,14 @@ from ..errors import (
 )
 from ..retry import retrying
 from ..store.base import CREATE, OVERWRITE, ObjectStore
-from .catalog import LatestRef, load_manifest, read_latest, swap_latest, write_manifest
+from .catalog import (
+    LatestRef,
+    Sleep,
+    load_manifest,
+    read_latest,
+    swap_latest,
+    write_manifest,
+)
 from .ids import new_snapshot_id
 from .manifest import (
     LATEST_FORMAT,
@@ -100,8 +107,6 @@ KiB = 1024
 MiB = 1024 * KiB
 
 log = logging.getLogger("mushroom_backup.snapshot")
-
-Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +53,7 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import IntegrityError, NotFound, SnapshotError, UnsafePath, UsageError
 from ..store.base import ObjectStore
-from .catalog import get_range_retrying, load_manifest, read_latest
+from .catalog import Sleep, get_range_retrying, load_manifest, read_latest
 from .manifest import DirEntry, FileEntry, Manifest, SymlinkEntry
 from .metered import MeteredStore
 from .pack import decompress_chunk, pack_key
@@ -70,8 +70,6 @@ CACHE_BYTES = 16 * MiB
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 log = logging.getLogger("mushroom_backup.snapshot")
-
-Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
