@@ -252,6 +252,11 @@ def start_seaweed(weed: Path) -> S3Server:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-volume.preStopSeconds=0",
+            # Every bucket is a collection with volumes of its own; with mini's defaults (1 GiB
+            # volumes, as many as free disk / 1 GiB) a test session ran out of volumes after
+            # ~70 buckets and every PUT became HTTP 500. Small volumes, and many of them.
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=2000",
             "-s3.autoCreateBucket=false",
             f"-filer.localSocket={workdir / 'filer.sock'}",
             f"-s3.localSocket={workdir / 's3.sock'}",
