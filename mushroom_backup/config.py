@@ -112,10 +112,10 @@ class BackupSettings(_Section):
 
     excludes: Patterns = ()
     skip_unreadable: Switch = False
-    upload_concurrency: int = Field(8, ge=1, le=128)
+    upload_concurrency: int = Field(4, ge=1, le=128)
     compression_level: int = Field(3, ge=1, le=22)
     chunk_size: Bytes = Field(512 * 1024, ge=64 * 1024, le=16 << 20)
-    pack_size: Bytes = Field(8 << 20, ge=1 << 20, le=64 << 20)
+    pack_size: Bytes = Field(4 << 20, ge=1 << 20, le=64 << 20)
 
 
 class RestoreSettings(_Section):
