@@ -24,10 +24,11 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .. import log
 from ..clock import SYSTEM_CLOCK, Clock
@@ -43,6 +44,7 @@ from ..snapshot.retention import ForgetResult, RetentionPolicy, apply_retention
 from ..store import ObjectStore, open_store
 from .identity import CombinedFence
 
+T = TypeVar("T")
 _log = log.get("agent")
 
 
@@ -277,24 +279,43 @@ def require_source_dir(settings: Settings) -> Path:
     return source
 
 
-async def backup_now(
+async def run_under_lease(
     settings: Settings,
+    work: Callable[[ObjectStore, BucketLease], Coroutine[Any, Any, T]],
     *,
-    clock: Clock = SYSTEM_CLOCK,
+    what: str,
     wait_lease_s: float | None = None,
-    progress: ProgressSink | None = None,
+    clock: Clock = SYSTEM_CLOCK,
     store: ObjectStore | None = None,
-) -> SnapshotResult:
-    """Acquire the lease, take one snapshot while keeping it renewed, release it."""
-    source = require_source_dir(settings)
+) -> T:
+    """The one-shot commands' frame (``backup now``, ``forget``, ``prune``): take the bucket
+    lease (waiting up to ``wait_lease_s``), run ``work(store, lease)`` as a task while keeping
+    the lease renewed, release the lease. ``work`` writes only through a fenced store. A lost
+    lease cancels ``work`` at once and raises LeaseLost (exit 4) saying ``what`` was stopped."""
     owned = store is None
     target = store or open_store(settings.require_store(), conditional=settings.lease.conditional)
     try:
         lease = await acquire_lease(target, settings, clock=clock, wait_s=wait_lease_s)
-        runner = SnapshotRunner(target, lease, settings, clock)
+        lost: list[LeaseLost] = []
+        task: asyncio.Task[T] | None = None
+
+        def on_lost(error: LeaseLost) -> None:
+            lost.append(error)
+            if task is not None and not task.done():
+                task.cancel()
+
         try:
-            async with lease.keep_renewed(on_lost=runner.lease_lost):
-                return await runner.snapshot(source, progress)
+            async with lease.keep_renewed(on_lost=on_lost):
+                task = asyncio.create_task(work(target, lease), name=what)
+                try:
+                    return await task
+                except asyncio.CancelledError:
+                    if lost and task.cancelled():
+                        raise LeaseLost(
+                            lost[0].instance_id,
+                            f"{lost[0].message}; {what} was stopped",
+                        ) from None
+                    raise
         finally:
             try:
                 await lease.release()
@@ -308,6 +329,31 @@ async def backup_now(
             await target.close()
 
 
+async def backup_now(
+    settings: Settings,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    wait_lease_s: float | None = None,
+    progress: ProgressSink | None = None,
+    store: ObjectStore | None = None,
+) -> SnapshotResult:
+    """Acquire the lease, take one snapshot while keeping it renewed, release it. A lost lease
+    abandons the snapshot (LATEST untouched) with LeaseLost."""
+    source = require_source_dir(settings)
+
+    async def snapshot(target: ObjectStore, lease: BucketLease) -> SnapshotResult:
+        return await SnapshotRunner(target, lease, settings, clock).snapshot(source, progress)
+
+    return await run_under_lease(
+        settings,
+        snapshot,
+        what="the snapshot (abandoned: LATEST still names the previous one)",
+        wait_lease_s=wait_lease_s,
+        clock=clock,
+        store=store,
+    )
+
+
 __all__ = [
     "ClusterStamp",
     "SnapshotRunner",
@@ -318,4 +364,5 @@ __all__ = [
     "lease_retry_interval",
     "next_look",
     "require_source_dir",
+    "run_under_lease",
 ]

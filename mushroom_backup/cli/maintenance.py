@@ -15,7 +15,6 @@ Human output on stdout; ``--json`` for machines. The rules live in
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,10 +23,11 @@ from typing import Any, TypeVar
 import click
 
 from .. import log
-from ..agent.writer import acquire_lease
+from ..agent.writer import run_under_lease
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Settings, parse_duration
-from ..errors import IntegrityError, LeaseLost, StoreError, UsageError
+from ..errors import IntegrityError, UsageError
+from ..lease.bucket import BucketLease
 from ..lease.fenced import FencedStore
 from ..snapshot.check import CheckReport, check_store
 from ..snapshot.prune import DEFAULT_GRACE, PruneResult, prune
@@ -49,7 +49,7 @@ _log = log.get("cli.maintenance")
 # --- running under the lease -------------------------------------------------------------------
 
 
-async def run_under_lease(
+async def under_lease(
     settings: Settings,
     work: Callable[[ObjectStore], Coroutine[Any, Any, T]],
     *,
@@ -58,42 +58,15 @@ async def run_under_lease(
     clock: Clock = SYSTEM_CLOCK,
     store: ObjectStore | None = None,
 ) -> T:
-    """Take the bucket lease, run ``work`` with a store fenced by it while keeping it renewed,
-    release it. A lost lease cancels ``work`` at once and raises LeaseLost (exit 4)."""
-    owned = store is None
-    target = store or open_store(settings.require_store(), conditional=settings.lease.conditional)
-    try:
-        lease = await acquire_lease(target, settings, clock=clock, wait_s=wait_lease_s)
-        lost: list[LeaseLost] = []
-        task: asyncio.Task[T] | None = None
+    """Run ``work`` with a store fenced by the bucket lease (see
+    :func:`~mushroom_backup.agent.writer.run_under_lease`)."""
 
-        def on_lost(error: LeaseLost) -> None:
-            lost.append(error)
-            if task is not None and not task.done():
-                task.cancel()
+    async def fenced(target: ObjectStore, lease: BucketLease) -> T:
+        return await work(FencedStore(target, lease, clock))
 
-        try:
-            async with lease.keep_renewed(on_lost=on_lost):
-                task = asyncio.create_task(work(FencedStore(target, lease, clock)), name=what)
-                try:
-                    return await task
-                except asyncio.CancelledError:
-                    if lost and task.cancelled():
-                        raise LeaseLost(
-                            lost[0].instance_id, f"{lost[0].message}; {what} was stopped"
-                        ) from None
-                    raise
-        finally:
-            try:
-                await lease.release()
-            except StoreError as error:
-                _log.warning(
-                    "lease.release_failed",
-                    extra={"fields": {"error": error.message, "expires_in_s": lease.ttl_s}},
-                )
-    finally:
-        if owned:
-            await target.close()
+    return await run_under_lease(
+        settings, fenced, what=what, wait_lease_s=wait_lease_s, clock=clock, store=store
+    )
 
 
 async def _read_only(settings: Settings, work: Callable[[ObjectStore], Awaitable[T]]) -> T:
@@ -255,7 +228,7 @@ def forget(
     if dry_run:
         outcome = run(_read_only(settings, work))
     else:
-        outcome = run(run_under_lease(settings, work, what="forget", wait_lease_s=wait_lease))
+        outcome = run(under_lease(settings, work, what="forget", wait_lease_s=wait_lease))
     if as_json:
         body = forget_json(outcome.forget)
         if outcome.prune is not None:
@@ -291,9 +264,7 @@ def _forget_by_id(
     if dry_run:
         deleted, pruned = run(_read_only(settings, work))
     else:
-        deleted, pruned = run(
-            run_under_lease(settings, work, what="forget", wait_lease_s=wait_lease)
-        )
+        deleted, pruned = run(under_lease(settings, work, what="forget", wait_lease_s=wait_lease))
     if as_json:
         body: dict[str, Any] = {
             "dry_run": dry_run,
@@ -406,7 +377,7 @@ def prune_command(
     if dry_run:
         result = run(_read_only(settings, work))
     else:
-        result = run(run_under_lease(settings, work, what="prune", wait_lease_s=wait_lease))
+        result = run(under_lease(settings, work, what="prune", wait_lease_s=wait_lease))
     if as_json:
         echo_json(prune_json(result))
     else:
@@ -609,4 +580,4 @@ def register(group: click.Group) -> None:
         group.add_command(command)
 
 
-__all__ = ["check", "forget", "prune_command", "register", "run_under_lease"]
+__all__ = ["check", "forget", "prune_command", "register", "under_lease"]

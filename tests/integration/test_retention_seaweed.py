@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from mushroom_backup.cli.main import cli
-from mushroom_backup.cli.maintenance import run_under_lease
+from mushroom_backup.cli.maintenance import under_lease
 from mushroom_backup.clock import SystemClock
 from mushroom_backup.config import Settings
 from mushroom_backup.errors import StoreError
@@ -227,7 +227,7 @@ async def _prune_under_lease(store: ObjectStore, grace: timedelta) -> PruneResul
     async def work(fenced: ObjectStore) -> PruneResult:
         return await prune(fenced, clock=SystemClock(), grace=grace)
 
-    return await run_under_lease(Settings(), work, what="prune", store=store)
+    return await under_lease(Settings(), work, what="prune", store=store)
 
 
 def test_prune_racing_a_snapshot_paused_before_its_manifest(

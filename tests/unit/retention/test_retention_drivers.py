@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from mushroom_backup.cli.maintenance import run_under_lease
+from mushroom_backup.cli.maintenance import under_lease
 from mushroom_backup.clock import FakeClock
 from mushroom_backup.config import Settings
 from mushroom_backup.errors import FenceClosed, IntegrityError, LeaseHeld, StoreError
@@ -119,9 +119,7 @@ class Bucket:
         async def work(store: ObjectStore) -> PruneResult:
             return await prune(store, clock=self.clock, grace=grace)
 
-        return await run_under_lease(
-            Settings(), work, what="prune", clock=self.clock, store=self.store
-        )
+        return await under_lease(Settings(), work, what="prune", clock=self.clock, store=self.store)
 
 
 def _refused(key: str) -> StoreError:
@@ -463,7 +461,7 @@ async def test_best_effort_mode_forgets_and_prunes_with_a_warning(
         logger = logging.getLogger("mushroom_backup.snapshot.prune")
         logger.addHandler(caplog.handler)
         try:
-            deleted, pruned = await run_under_lease(
+            deleted, pruned = await under_lease(
                 settings, work, what="forget", clock=bucket.clock, store=bucket.store
             )
         finally:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from mushroom_backup.cli.maintenance import _fail_on_broken, run_under_lease
+from mushroom_backup.cli.maintenance import _fail_on_broken, under_lease
 from mushroom_backup.clock import FakeClock
 from mushroom_backup.config import Settings
 from mushroom_backup.errors import FenceClosed, IntegrityError, StoreError
@@ -112,7 +112,7 @@ class World:
             return await prune(fenced, clock=self.clock, grace=GRACE)
 
         settings = Settings.model_validate({"lease": {"ttl_s": TTL}})
-        return await run_under_lease(
+        return await under_lease(
             settings, work, what="prune", clock=self.clock, store=store or self.store
         )
 
