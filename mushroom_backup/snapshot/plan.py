@@ -98,11 +98,25 @@ class ChunkIndex:
 
 @dataclass(frozen=True, slots=True)
 class FetchRange:
-    """One ranged GET: ``length`` bytes at ``start`` of pack ``pack_id``."""
+    """The bytes a run needs from one pack: ``length`` bytes at ``start`` of ``pack_id``,
+    downloaded as part of span number ``span`` of the plan."""
 
     pack_id: str
     start: int
     length: int
+    span: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSpan:
+    """One ranged GET, shared by the ranges of consecutive runs: ``length`` bytes at ``start``
+    of ``pack_id``, needed from run ``first_run`` to run ``last_run``."""
+
+    pack_id: str
+    start: int
+    length: int
+    first_run: int
+    last_run: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +200,68 @@ class _OpenRun:
         return RestoreRun(ranges, tuple(self.items))
 
 
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """The runs, in restore order, and the GETs (spans) that serve their ranges."""
+
+    runs: tuple[RestoreRun, ...]
+    spans: tuple[FetchSpan, ...]
+
+
+@dataclass
+class _OpenSpan:
+    index: int
+    pack_id: str
+    start: int
+    end: int
+    first_run: int
+    last_run: int
+
+
+def plan_spans(
+    runs: Sequence[RestoreRun], *, max_span_bytes: int, max_gap: int, reach: int
+) -> RestorePlan:
+    """Serve the ranges of consecutive runs by shared GETs.
+
+    A range joins its pack's latest span if that span was used no more than ``reach`` runs
+    before, and the range lies inside it, or at or after its end no more than ``max_gap``
+    bytes further without the span growing beyond ``max_span_bytes``; otherwise it starts a new
+    span. So a pack read front to back by many runs (a large file) costs one GET, not one per
+    run, and a span lives only for a few consecutive runs (its bytes are held until its last
+    run is written)."""
+    latest: dict[str, _OpenSpan] = {}
+    opened: list[_OpenSpan] = []
+    planned: list[RestoreRun] = []
+    for run_index, run in enumerate(runs):
+        ranges = []
+        for piece in run.ranges:
+            end = piece.start + piece.length
+            span = latest.get(piece.pack_id)
+            joins = (
+                span is not None
+                and run_index - span.last_run <= reach
+                and (
+                    (span.start <= piece.start and end <= span.end)
+                    or (
+                        span.end <= piece.start <= span.end + max_gap
+                        and end - span.start <= max_span_bytes
+                    )
+                )
+            )
+            if span is None or not joins:
+                span = _OpenSpan(len(opened), piece.pack_id, piece.start, end, run_index, run_index)
+                latest[piece.pack_id] = span
+                opened.append(span)
+            span.end = max(span.end, end)
+            span.last_run = run_index
+            ranges.append(FetchRange(piece.pack_id, piece.start, piece.length, span.index))
+        planned.append(RestoreRun(tuple(ranges), run.items))
+    spans = tuple(
+        FetchSpan(s.pack_id, s.start, s.end - s.start, s.first_run, s.last_run) for s in opened
+    )
+    return RestorePlan(tuple(planned), spans)
+
+
 def plan_restore(
     files: Sequence[FileEntry],
     chunks: Mapping[str, ChunkLocation],
@@ -195,7 +271,8 @@ def plan_restore(
     max_ranges: int,
     cache_bytes: int,
 ) -> list[RestoreRun]:
-    """The runs that restore ``files`` (in this order, each file's chunks in order).
+    """The runs that restore ``files`` (in this order, each file's chunks in order); see
+    :func:`plan_spans` for the GETs that serve them.
 
     A run holds at most ``max_ranges`` ranges, one per pack. The next fetched chunk joins the
     run if its pack's range can grow to cover it -- it lies at or after the range's end, no

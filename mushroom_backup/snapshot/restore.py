@@ -5,12 +5,14 @@ entry below a symlink is :class:`~mushroom_backup.errors.UnsafePath` before anyt
 written), then:
 
 1. creates the directories (owner-only at first, so that read-only ones can be filled),
-2. restores the files: their chunks are fetched with ranged GETs of nearby chunks
-   (:func:`.plan.plan_restore`: a run of up to 8 MiB takes one range from each of at most
-   four packs), decompressed and checked
-   against their SHA-256 on ``workers`` threads; one writer thread then writes each file, in
-   order, to a temporary name in its directory while hashing it, checks the whole-file SHA-256,
-   sets its mode, owner (when run as root) and mtime, and renames it into place,
+2. restores the files. The files' chunks, in order, are cut into *runs* of up to 8 MiB that
+   take one range from each of at most four packs (:func:`.plan.plan_restore`); the ranges
+   of consecutive runs are served by shared ranged GETs of up to 8 MiB (*spans*,
+   :func:`.plan.plan_spans`), so a pack read front to back costs one GET. Each run's chunks
+   are decompressed and checked against their SHA-256 on ``workers`` threads; one writer
+   thread then writes each file, in order, to a temporary name in its directory while hashing
+   it, checks the whole-file SHA-256, sets its mode, owner (when run as root) and mtime, and
+   renames it into place,
 3. creates the symlinks (as links, never followed) the same way, via a temporary name,
 4. sets the directories' modes and mtimes, deepest first.
 
@@ -26,9 +28,11 @@ Promises
   directory is refused (UnsafePath): restore never writes through a symlink.
 * ``verify_only`` downloads, decompresses and checks every chunk and every whole file, and
   writes nothing (no target is needed).
-* Memory is bounded: runs of at most 8 MiB of raw data (and as much downloaded), at most 48
-  MiB of them (downloaded plus decompressed) in flight, and at most ``download_concurrency``
-  runs; plus a cache of at most 16 MiB for chunks used more than once.
+* Memory is bounded: runs of at most 8 MiB of raw data, at most ``download_concurrency`` of
+  them in flight and at most 48 MiB of runs and of the spans they hold (a span lives from its
+  first run to its last, at most three runs apart), except that one run is always admitted
+  when none is in flight (so a run whose spans alone exceed the budget still progresses);
+  plus a cache of at most 16 MiB for chunks used more than once.
 
 Not promised: restoring hard links (each name is its own file), sparse regions (written as
 zeros), extended attributes or ACLs, atime (set to the mtime), ``fsync`` of restored files (run
@@ -57,7 +61,7 @@ from .catalog import Sleep, get_range_retrying, load_manifest, read_latest
 from .manifest import DirEntry, FileEntry, Manifest, SymlinkEntry
 from .metered import MeteredStore
 from .pack import decompress_chunk, pack_key
-from .plan import RestoreRun, plan_restore
+from .plan import FetchSpan, RestorePlan, RestoreRun, plan_restore, plan_spans
 from .progress import NoProgress, ProgressSink
 
 KiB = 1024
@@ -65,6 +69,8 @@ MiB = 1024 * KiB
 MAX_RUN_BYTES = 8 * MiB
 MAX_GAP = 1 * MiB
 MAX_RANGES = 4
+MAX_SPAN_BYTES = 8 * MiB
+SPAN_REACH = 2
 BUFFER_BYTES = 48 * MiB
 CACHE_BYTES = 16 * MiB
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -283,93 +289,129 @@ def _restore_empty_files(root: str | None, files: Sequence[FileEntry]) -> None:
 # --- fetching ----------------------------------------------------------------------------------
 
 
+class _PackMissing(Exception):
+    """A span's pack is not in the store (turned into an IntegrityError naming a file)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
 def _decode_run(
-    run: RestoreRun, ranges: Sequence[bytes], files: Sequence[FileEntry]
+    run: RestoreRun,
+    spans: Sequence[FetchSpan],
+    downloaded: Sequence[bytes],
+    files: Sequence[FileEntry],
 ) -> list[bytes | None]:
-    views = [memoryview(data) for data in ranges]
+    """The raw bytes of a run's fetched chunks (None for cached ones), each verified.
+    ``downloaded`` holds the bytes of each of the run's ranges' spans."""
+    views = [memoryview(data) for data in downloaded]
     out: list[bytes | None] = []
     for item in run.items:
         if item.fetch is None:
             out.append(None)
             continue
         range_index, offset, length = item.fetch
-        key = pack_key(run.ranges[range_index].pack_id)
-        where = f"restoring {files[item.file].path!r} from pack {key}"
-        frame = views[range_index][offset : offset + length]
-        out.append(decompress_chunk(frame, item.chunk_id, item.raw_length, where))
+        piece = run.ranges[range_index]
+        start = piece.start - spans[piece.span].start + offset
+        key = pack_key(piece.pack_id)
+        path = files[item.file].path
+        view = views[range_index]
+        if start + length > len(view):
+            raise IntegrityError(
+                f"restoring {path!r}: pack {key} is truncated (it ends before chunk "
+                f"{item.chunk_id} does)"
+            )
+        where = f"restoring {path!r} from pack {key}"
+        out.append(
+            decompress_chunk(view[start : start + length], item.chunk_id, item.raw_length, where)
+        )
     return out
 
 
 class _Fetcher:
-    """Downloads a run's ranges (concurrently) and decodes its chunks on the worker pool."""
+    """Downloads each span once (runs share them) and decodes each run's chunks on the worker
+    pool."""
 
     def __init__(
         self,
         store: ObjectStore,
+        plan: RestorePlan,
         files: Sequence[FileEntry],
         pool: ThreadPoolExecutor,
         sleep: Sleep,
     ) -> None:
         self._store = store
+        self._plan = plan
         self._files = files
         self._pool = pool
         self._sleep = sleep
+        self._spans: dict[int, asyncio.Task[bytes]] = {}
 
-    async def _range(self, run: RestoreRun, index: int) -> bytes:
-        span = run.ranges[index]
+    def start(self, index: int) -> None:
+        """Start downloading span ``index`` (once)."""
+        if index not in self._spans:
+            self._spans[index] = asyncio.create_task(self._download(self._plan.spans[index]))
+
+    def release(self, index: int) -> None:
+        """Span ``index`` is needed no more: drop its bytes."""
+        self._spans.pop(index, None)
+
+    async def cancel(self) -> None:
+        tasks = list(self._spans.values())
+        self._spans.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _download(self, span: FetchSpan) -> bytes:
         key = pack_key(span.pack_id)
-        items = [i for i in run.items if i.fetch is not None and i.fetch[0] == index]
         try:
-            data = await get_range_retrying(self._store, key, span.start, span.length, self._sleep)
+            return await get_range_retrying(self._store, key, span.start, span.length, self._sleep)
         except NotFound:
-            path = self._files[items[0].file].path
-            raise IntegrityError(
-                f"restoring {path!r}: pack {key} is missing from the store"
-            ) from None
-        if len(data) < span.length:
-            short = next(i for i in items if i.fetch is not None and sum(i.fetch[1:]) > len(data))
-            raise IntegrityError(
-                f"restoring {self._files[short.file].path!r}: pack {key} is truncated (it "
-                f"ends {span.length - len(data)} bytes before chunk {short.chunk_id} does)"
-            )
-        return data
+            raise _PackMissing(key) from None
 
     async def __call__(self, run: RestoreRun) -> list[bytes | None]:
-        tasks = [asyncio.create_task(self._range(run, i)) for i in range(len(run.ranges))]
-        try:
-            ranges = await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        downloaded = []
+        for index, piece in enumerate(run.ranges):
+            try:
+                # Shielded: a span serves other runs too, cancelling this one must not stop it.
+                downloaded.append(await asyncio.shield(self._spans[piece.span]))
+            except _PackMissing as missing:
+                first = next(i for i in run.items if i.fetch is not None and i.fetch[0] == index)
+                raise IntegrityError(
+                    f"restoring {self._files[first.file].path!r}: pack {missing.key} is "
+                    "missing from the store"
+                ) from None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _decode_run, run, ranges, self._files)
+        return await loop.run_in_executor(
+            self._pool, _decode_run, run, self._plan.spans, downloaded, self._files
+        )
 
 
 class _Budget:
-    """Bytes of runs in flight, at most ``limit`` (one run always fits)."""
+    """Bytes of runs (and the spans they opened) in flight, at most ``limit`` -- except that
+    a run is always admitted when no other run is in flight, so the plan always progresses."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._used = 0
+        self._runs = 0
         self._changed = asyncio.Condition()
 
     async def acquire(self, amount: int) -> None:
         async with self._changed:
             await self._changed.wait_for(
-                lambda: self._used == 0 or self._used + amount <= self._limit
+                lambda: self._runs == 0 or self._used + amount <= self._limit
             )
             self._used += amount
+            self._runs += 1
 
     async def release(self, amount: int) -> None:
         async with self._changed:
             self._used -= amount
+            self._runs -= 1
             self._changed.notify_all()
-
-
-def _footprint(run: RestoreRun) -> int:
-    """Memory a run holds from download to write: its downloaded and its raw bytes."""
-    return run.raw_length + sum(span.length for span in run.ranges)
 
 
 async def _together(*coros: Coroutine[Any, Any, None]) -> None:
@@ -398,52 +440,75 @@ async def _restore_files(
     sink: ProgressSink,
     sleep: Sleep,
 ) -> None:
-    runs = plan_restore(
-        files,
-        manifest.chunks,
-        max_run_bytes=MAX_RUN_BYTES,
+    plan = plan_spans(
+        plan_restore(
+            files,
+            manifest.chunks,
+            max_run_bytes=MAX_RUN_BYTES,
+            max_gap=MAX_GAP,
+            max_ranges=MAX_RANGES,
+            cache_bytes=CACHE_BYTES,
+        ),
+        max_span_bytes=MAX_SPAN_BYTES,
         max_gap=MAX_GAP,
-        max_ranges=MAX_RANGES,
-        cache_bytes=CACHE_BYTES,
+        reach=SPAN_REACH,
     )
+    opens: list[list[int]] = [[] for _ in plan.runs]
+    closes: list[list[int]] = [[] for _ in plan.runs]
+    for index, span in enumerate(plan.spans):
+        opens[span.first_run].append(index)
+        closes[span.last_run].append(index)
+
+    def cost_in(index: int) -> int:
+        return plan.runs[index].raw_length + sum(plan.spans[i].length for i in opens[index])
+
+    def cost_out(index: int) -> int:
+        return plan.runs[index].raw_length + sum(plan.spans[i].length for i in closes[index])
+
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="mushroom-decode")
     writer_thread = ThreadPoolExecutor(1, thread_name_prefix="mushroom-write")
     writer = _Writer(root, files)
-    fetch = _Fetcher(store, files, pool, sleep)
-    window: asyncio.Queue[tuple[RestoreRun, asyncio.Task[list[bytes | None]]] | None]
+    fetch = _Fetcher(store, plan, files, pool, sleep)
+    window: asyncio.Queue[tuple[int, asyncio.Task[list[bytes | None]]] | None]
     window = asyncio.Queue(maxsize=download_concurrency)
-    fetching: set[asyncio.Task[list[bytes | None]]] = set()
-
+    decoding: set[asyncio.Task[list[bytes | None]]] = set()
     budget = _Budget(BUFFER_BYTES)
 
     async def produce() -> None:
-        for run in runs:
-            await budget.acquire(_footprint(run))
+        for index, run in enumerate(plan.runs):
+            await budget.acquire(cost_in(index))
+            for span in opens[index]:
+                fetch.start(span)
             task = asyncio.create_task(fetch(run))
-            fetching.add(task)
-            task.add_done_callback(fetching.discard)
-            await window.put((run, task))
+            decoding.add(task)
+            task.add_done_callback(decoding.discard)
+            await window.put((index, task))
         await window.put(None)
 
     async def consume() -> None:
         while (queued := await window.get()) is not None:
-            run, task = queued
+            index, task = queued
             decoded = await task
             # The task holds its result too: drop every reference before the bytes are
             # counted as free.
             del queued, task
-            done, written = await loop.run_in_executor(writer_thread, writer.apply, run, decoded)
+            done, written = await loop.run_in_executor(
+                writer_thread, writer.apply, plan.runs[index], decoded
+            )
             del decoded
-            await budget.release(_footprint(run))
+            for span in closes[index]:
+                fetch.release(span)
+            await budget.release(cost_out(index))
             sink.advance(done, written)
 
     try:
         await _together(produce(), consume())
     finally:
-        for task in list(fetching):
+        for task in list(decoding):
             task.cancel()
-        await asyncio.gather(*fetching, return_exceptions=True)
+        await asyncio.gather(*decoding, return_exceptions=True)
+        await fetch.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
         # After the run being written, if any: the writer removes its file in progress.
         cleanup = loop.run_in_executor(writer_thread, writer.abort)

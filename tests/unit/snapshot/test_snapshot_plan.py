@@ -10,10 +10,12 @@ from mushroom_backup.snapshot.manifest import ChunkLocation, FileEntry
 from mushroom_backup.snapshot.pack import PackedChunk, SealedPack
 from mushroom_backup.snapshot.plan import (
     ChunkIndex,
+    FetchRange,
     RestoreItem,
     RestoreRun,
     plan_files,
     plan_restore,
+    plan_spans,
     unchanged,
 )
 from mushroom_backup.snapshot.scan import ScannedEntry
@@ -218,3 +220,75 @@ def test_cached_chunks_ride_along_with_the_current_run() -> None:
         ([("q", 0, 10)], ["d", "cache:0"]),
     ]
     assert _plan([(D, Z, Z)], max_run=100, cache=1000)[-1] == ([("q", 10, 5)], ["0", "cache:0"])
+
+
+# --- spans: GETs shared by consecutive runs ---------------------------------------------------
+
+
+def _run(*ranges: tuple[str, int, int]) -> RestoreRun:
+    return RestoreRun(tuple(FetchRange(p * 64, s, n) for p, s, n in ranges), ())
+
+
+@pytest.mark.parametrize(
+    ("runs", "limits", "expected_spans", "expected_ranges"),
+    [
+        # a pack read front to back by consecutive runs: one GET
+        (
+            [_run(("p", 0, 10)), _run(("p", 10, 10)), _run(("p", 20, 5))],
+            {},
+            [("p", 0, 25, 0, 2)],
+            [[0], [0], [0]],
+        ),
+        # ... but no bigger than max_span_bytes
+        (
+            [_run(("p", 0, 10)), _run(("p", 10, 10)), _run(("p", 20, 5))],
+            {"max_span_bytes": 20},
+            [("p", 0, 20, 0, 1), ("p", 20, 5, 2, 2)],
+            [[0], [0], [1]],
+        ),
+        # rewritten chunks in a newer pack, one per run: one GET for them too
+        (
+            [_run(("p", 0, 10), ("r", 0, 3)), _run(("p", 12, 10), ("r", 3, 3))],
+            {"max_gap": 2},
+            [("p", 0, 22, 0, 1), ("r", 0, 6, 0, 1)],
+            [[0, 1], [0, 1]],
+        ),
+        # a span is not kept for a far later run (its bytes would be held all along)
+        (
+            [_run(("p", 0, 10)), _run(("q", 0, 10)), _run(("q", 10, 10)), _run(("p", 10, 10))],
+            {"reach": 2},
+            [("p", 0, 10, 0, 0), ("q", 0, 20, 1, 2), ("p", 10, 10, 3, 3)],
+            [[0], [1], [1], [2]],
+        ),
+        # a gap beyond the allowance, or going backwards, starts a new span
+        (
+            [_run(("p", 0, 10)), _run(("p", 30, 10)), _run(("p", 0, 5))],
+            {"max_gap": 19},
+            [("p", 0, 10, 0, 0), ("p", 30, 10, 1, 1), ("p", 0, 5, 2, 2)],
+            [[0], [1], [2]],
+        ),
+        # a range inside the span already downloaded reuses it
+        (
+            [_run(("p", 0, 30)), _run(("p", 10, 10))],
+            {},
+            [("p", 0, 30, 0, 1)],
+            [[0], [0]],
+        ),
+    ],
+)
+def test_plan_spans(
+    runs: list[RestoreRun],
+    limits: dict[str, int],
+    expected_spans: list[tuple[str, int, int, int, int]],
+    expected_ranges: list[list[int]],
+) -> None:
+    settings = {"max_span_bytes": 1000, "max_gap": 0, "reach": 1, **limits}
+    plan = plan_spans(runs, **settings)
+    assert [
+        (s.pack_id[:1], s.start, s.length, s.first_run, s.last_run) for s in plan.spans
+    ] == expected_spans
+    assert [[r.span for r in run.ranges] for run in plan.runs] == expected_ranges
+    for run, original in zip(plan.runs, runs, strict=True):  # ranges themselves unchanged
+        assert [(r.pack_id, r.start, r.length) for r in run.ranges] == [
+            (r.pack_id, r.start, r.length) for r in original.ranges
+        ]
