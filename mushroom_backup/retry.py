@@ -108,4 +108,10 @@ async def retrying(
         before_sleep=_log_retry(what),
         reraise=True,
     )
-    return await controller(call)
+
+    # tenacity awaits only coroutine *functions*; a lambda returning a coroutine would come
+    # back unawaited. Wrapping makes every awaitable-returning callable work.
+    async def attempt() -> T:
+        return await call()
+
+    return await controller(attempt)

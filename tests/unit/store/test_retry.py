@@ -58,6 +58,13 @@ async def test_a_call_that_succeeds_is_called_once() -> None:
     assert (call.calls, pauses.taken) == (1, [])
 
 
+async def test_a_lambda_returning_a_coroutine_is_awaited_and_retried() -> None:
+    call, pauses = Script(busy(1)), Pauses()
+
+    assert await retrying(lambda: call(), what="get k", sleep=pauses) == "done"
+    assert call.calls == 2
+
+
 async def test_retryable_failures_are_retried_until_the_call_succeeds() -> None:
     call, pauses = Script(busy(1), busy(2)), Pauses()
 
