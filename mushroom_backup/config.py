@@ -305,7 +305,8 @@ def load_settings(
             origins[leaf] = _Origin(f"{path}: {_dotted(leaf)}")
 
     for name, leaf in ENV_VARS.items():
-        if name in env:
+        # An empty value ("NAME=" in an EnvironmentFile) counts as unset.
+        if env.get(name, "").strip():
             _set(merged, leaf, env[name])
             origins[leaf] = _Origin(f"environment variable {name}")
 

@@ -37,7 +37,6 @@ import enum
 import json
 import re
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,7 +46,6 @@ from ..errors import (
     NotFound,
     PreconditionFailed,
     PreconditionsIgnored,
-    UsageError,
 )
 from ..store.base import Version
 
@@ -64,12 +62,6 @@ MAX_RECORD_BYTES = 64 * 1024
 #: An ETag the probe sends with ``If-Match``; no service ever issues it. (The Rust agent's probe
 #: ETag, so both agents' probes look alike in a service's access log.)
 PROBE_ETAG = '"mushroomdb-lease-probe-not-an-etag"'
-
-#: The environment switches for best-effort mode: ours first (it wins), then the Rust agent's.
-CONDITIONAL_ENV_VARS = (
-    "MUSHROOM_BACKUP_LEASE_CONDITIONAL",
-    "MUSHROOMDB_BACKUP_LEASE_CONDITIONAL",
-)
 
 _U64_MAX = 2**64 - 1
 _FIELDS = ("instance_id", "acquired_at", "renewed_at", "ttl_s")
@@ -378,32 +370,6 @@ def write_deadline(
     if wall_elapsed >= 0:
         deadline = min(deadline, now_mono + (fence - wall_elapsed))
     return deadline if now_mono < deadline else None
-
-
-# --- best-effort switch --------------------------------------------------------------------
-
-_OFF = ("off", "false", "no", "0")
-_ON = ("on", "true", "yes", "1")
-
-
-def conditional_writes_from_env(environ: Mapping[str, str]) -> bool:
-    """Whether the lease uses conditional writes, from ``MUSHROOM_BACKUP_LEASE_CONDITIONAL``
-    (or, when that is unset, the Rust agent's ``MUSHROOMDB_BACKUP_LEASE_CONDITIONAL``).
-
-    off/false/no/0 → False (best-effort); on/true/yes/1, empty or unset → True. Anything else
-    is a :class:`~mushroom_backup.errors.UsageError` naming the variable.
-    """
-    for name in CONDITIONAL_ENV_VARS:
-        raw = environ.get(name)
-        if raw is None or not raw.strip():
-            continue
-        value = raw.strip().lower()
-        if value in _OFF:
-            return False
-        if value in _ON:
-            return True
-        raise UsageError(f"{name}={raw!r} is not a switch: set it to on or off")
-    return True
 
 
 # --- describing a lease for people ---------------------------------------------------------

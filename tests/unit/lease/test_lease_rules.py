@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from mushroom_backup.config import load_settings
 from mushroom_backup.errors import (
     AlreadyExists,
     ConditionalWritesUnsupported,
@@ -27,7 +28,6 @@ from mushroom_backup.lease.record import (
     LeaseView,
     Sighting,
     Verdict,
-    conditional_writes_from_env,
     decode_record,
     describe,
     format_rfc3339,
@@ -438,7 +438,8 @@ def test_a_one_second_ttl_fences_after_two_thirds_of_a_second() -> None:
     ],
 )
 def test_the_best_effort_switch(environ: dict[str, str], conditional: bool) -> None:
-    assert conditional_writes_from_env(environ) is conditional
+    # The switch is read where every setting is read: the config.
+    assert load_settings(None, environ=environ).lease.conditional is conditional
 
 
 @pytest.mark.parametrize(
@@ -446,7 +447,7 @@ def test_the_best_effort_switch(environ: dict[str, str], conditional: bool) -> N
 )
 def test_a_bad_switch_value_names_the_variable_and_the_values(name: str) -> None:
     with pytest.raises(UsageError) as raised:
-        conditional_writes_from_env({name: "maybe"})
+        load_settings(None, environ={name: "maybe"})
     assert name in raised.value.message
     assert "'maybe'" in raised.value.message
     assert "on or off" in raised.value.message
