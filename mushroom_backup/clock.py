@@ -6,6 +6,11 @@ scale. :class:`SystemClock` is the real one; :class:`FakeClock` is moved by hand
 trio's MockClock is: nothing sleeps for real, sleepers wake exactly when :meth:`FakeClock.advance`
 passes their deadline, and the wall clock can be stepped on its own to model NTP jumps.
 
+Deadlines on a clock: :func:`finished_by` waits for a task or a deadline, whichever comes
+first, and :func:`run_until` cuts a step off at a deadline (cancelling it and waiting for it to
+unwind). Both race against ``clock.sleep_until``, so a FakeClock decides deterministically when
+something is too late.
+
 Promises: ``monotonic()`` never goes back; ``wall()`` is timezone-aware UTC and may go back.
 Not promised: any relation between the two scales.
 """
@@ -16,8 +21,11 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -116,3 +124,42 @@ class FakeClock:
     def step_wall(self, delta: timedelta) -> None:
         """Move the wall clock alone, forward or back."""
         self._wall += delta
+
+
+class DeadlinePassed(TimeoutError):
+    """A step did not finish before its deadline (it was cancelled)."""
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # A cancelled task that failed anyway must not log "exception was never retrieved".
+    if not task.cancelled():
+        task.exception()
+
+
+async def finished_by(clock: Clock, task: asyncio.Future[Any], deadline: float) -> bool:
+    """Wait until ``task`` is done or ``clock`` reaches ``deadline``; True when the task is done.
+    The task is left alone either way (the caller decides whether to cancel it); if the caller
+    is cancelled meanwhile, the task is cancelled too."""
+    task.add_done_callback(_retrieve)
+    sleeper = asyncio.ensure_future(clock.sleep_until(deadline))
+    racers: set[asyncio.Future[Any]] = {task, sleeper}
+    try:
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        sleeper.cancel()
+    return task.done()
+
+
+async def run_until(clock: Clock, deadline: float, step: Awaitable[T]) -> T:
+    """The result of ``step`` if it finishes before ``clock`` reaches ``deadline``; otherwise
+    cancel it, wait for it to unwind (nothing keeps running behind the caller's back), and
+    raise :class:`DeadlinePassed`."""
+    task: asyncio.Future[T] = asyncio.ensure_future(step)
+    if await finished_by(clock, task, deadline):
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task})
+    raise DeadlinePassed(f"no result within the deadline ({deadline - clock.monotonic():+.3f} s)")

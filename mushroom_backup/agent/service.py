@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from .. import log
-from ..clock import SYSTEM_CLOCK, Clock
+from ..clock import SYSTEM_CLOCK, Clock, run_until
 from ..config import Settings
 from ..errors import (
     EXIT_LEASE_LOST,
@@ -301,17 +301,7 @@ class Service:
 
     async def _within(self, seconds: float, work: Awaitable[T]) -> T:
         """``await work``, cancelled after ``seconds`` on the clock (:class:`TimeoutError`)."""
-        task = asyncio.ensure_future(work)
-        timer = asyncio.ensure_future(self.clock.sleep(seconds))
-        try:
-            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-            raise TimeoutError(f"no answer within {seconds:g} s")
-        return task.result()
+        return await run_until(self.clock, self.clock.monotonic() + seconds, work)
 
     # --- standby ---------------------------------------------------------------------------
 

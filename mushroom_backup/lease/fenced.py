@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from ..clock import Clock
+from ..clock import Clock, finished_by
 from ..errors import FenceClosed
 from ..store.base import OVERWRITE, ObjectInfo, ObjectStore, PutMode, StoredObject, Version
 
@@ -37,12 +37,6 @@ class Fence(Protocol):
         """The monotonic moment (on the holder's clock) after which no write may start, or
         None when no write may start now."""
         ...
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    # A cancelled write that failed anyway must not log "exception was never retrieved".
-    if not task.cancelled():
-        task.exception()
 
 
 class FencedStore(ObjectStore):
@@ -72,28 +66,16 @@ class FencedStore(ObjectStore):
                 "(no confirmed renewal within 2/3 of the TTL, or the lease was lost)"
             )
         task: asyncio.Future[T] = asyncio.ensure_future(call())
-        task.add_done_callback(_retrieve)
-        try:
-            while True:
-                sleeper = asyncio.ensure_future(self.clock.sleep_until(deadline))
-                racers: set[asyncio.Future[Any]] = {task, sleeper}
-                try:
-                    await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    sleeper.cancel()
-                if task.done():
-                    return task.result()
-                moved = self.fence.write_deadline()
-                if moved is None or moved <= deadline:
-                    task.cancel()
-                    raise self._close(
-                        f"the lease's write fence closed while {what} was in flight; "
-                        "the request was cancelled"
-                    )
-                deadline = moved
-        except BaseException:
-            task.cancel()
-            raise
+        while not await finished_by(self.clock, task, deadline):
+            moved = self.fence.write_deadline()
+            if moved is None or moved <= deadline:
+                task.cancel()  # nothing waits for it
+                raise self._close(
+                    f"the lease's write fence closed while {what} was in flight; "
+                    "the request was cancelled"
+                )
+            deadline = moved
+        return task.result()
 
     async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> Version:
         return await self._fenced(f"the write of {key!r}", lambda: self.inner.put(key, data, mode))

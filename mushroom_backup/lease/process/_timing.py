@@ -1,53 +1,28 @@
-"""Racing an awaitable against a deadline on an injected clock, and bounded concurrency.
+"""Deadlines and bounded concurrency for the process lease.
 
-``run_until`` is how every bounded step of the process lease is cut off: the step runs as its own
-task raced against ``clock.sleep_until(deadline)`` (as :mod:`mushroom_backup.lease.fenced` does),
-so a :class:`~mushroom_backup.clock.FakeClock` decides deterministically when a step is too late.
-A step that loses the race is cancelled and *waited for*, so nothing it started keeps running
-behind the caller's back.
+Every bounded step of the process lease is cut off with :func:`~mushroom_backup.clock.run_until`
+(re-exported here): the step is raced against ``clock.sleep_until(deadline)``, so a
+:class:`~mushroom_backup.clock.FakeClock` decides deterministically when a step is too late, and a
+step that loses the race is cancelled and *waited for*. :func:`map_bounded` runs reads with a
+bounded number in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ...clock import Clock
+from ...clock import DeadlinePassed, run_until
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-
-class StepTimedOut(Exception):
-    """Internal: the deadline came before the step finished (callers map it to their error)."""
+__all__ = ["StepTimedOut", "map_bounded", "run_until"]
 
 
-def _retrieve(task: asyncio.Future[T]) -> None:
-    # A cancelled step that failed anyway must not log "exception was never retrieved".
-    if not task.cancelled():
-        task.exception()
-
-
-async def run_until(clock: Clock, deadline: float, step: Awaitable[T]) -> T:
-    """The result of ``step`` if it finishes before ``clock`` reaches ``deadline``; otherwise
-    cancel it, wait for it to unwind, and raise :class:`StepTimedOut`."""
-    task: asyncio.Future[T] = asyncio.ensure_future(step)
-    task.add_done_callback(_retrieve)
-    sleeper = asyncio.ensure_future(clock.sleep_until(deadline))
-    racers: set[asyncio.Future[Any]] = {task, sleeper}
-    try:
-        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        sleeper.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    await asyncio.wait({task})
-    raise StepTimedOut
+#: The deadline came before the step finished (callers map it to their error).
+StepTimedOut = DeadlinePassed
 
 
 async def map_bounded(
