@@ -237,6 +237,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "MUSHROOM_BACKUP_KEEP_LAST": ("retention", "keep_last"),
     "MUSHROOM_BACKUP_CLUSTER_ROOT": ("cluster", "root"),
     "MUSHROOM_BACKUP_NODE_ID": ("cluster", "node_id"),
+    "MUSHROOM_BACKUP_CLUSTER_TTL": ("cluster", "ttl_s"),
     "MUSHROOM_BACKUP_METRICS_LISTEN": ("metrics", "listen"),
 }
 CONFIG_ENV_VAR = "MUSHROOM_BACKUP_CONFIG"
