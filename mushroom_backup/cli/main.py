@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
 from .. import __version__
-from ..errors import EXIT_ERROR, EXIT_USAGE, MushroomError
+from ..errors import EXIT_ERROR, MushroomError, redact
 from .backup import backup, snapshots
 from .lease import lease
 from .maintenance import register as register_maintenance
@@ -38,8 +37,10 @@ class _Group(click.Group):
             if ctx.meta.get("mushroom.debug"):
                 raise
             click.echo(
-                f"error: unexpected {type(error).__name__}: {error} "
-                "(run with --debug for a traceback, and please report it)",
+                redact(
+                    f"error: unexpected {type(error).__name__}: {error} "
+                    "(run with --debug for a traceback, and please report it)"
+                ),
                 err=True,
             )
             ctx.exit(EXIT_ERROR)
@@ -72,10 +73,5 @@ register_maintenance(cli)
 
 
 def main() -> None:
-    try:
-        cli.main(prog_name="mushroom-backup", standalone_mode=True)
-    except SystemExit as exit_:
-        code = exit_.code
-        if isinstance(code, int) and code == 2 and "--help" not in sys.argv:
-            sys.exit(EXIT_USAGE)
-        raise
+    """The console script. click's own usage errors exit 2, like our UsageError."""
+    cli.main(prog_name="mushroom-backup")
