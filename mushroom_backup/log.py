@@ -65,6 +65,8 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         parts = [_stamp(record), f"{record.levelname:<5}", redact(record.getMessage())]
         for key, value in _fields(record).items():
+            if value is None:  # absent, for people; JSON keeps null
+                continue
             text = str(_plain(value))
             if not text or any(c in text for c in ' "=\n'):
                 text = json.dumps(text, ensure_ascii=False)
