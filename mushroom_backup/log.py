@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
@@ -74,12 +75,29 @@ class TextFormatter(logging.Formatter):
         return " ".join(parts)
 
 
+_live_line: Callable[[], None] | None = None
+
+
+def live_line(clear: Callable[[], None] | None) -> None:
+    """Register (or, with None, drop) the callback that clears a live terminal line -- the
+    progress bar -- before a log line is written, so the two never share a line."""
+    global _live_line
+    _live_line = clear
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    def emit(self, record: logging.LogRecord) -> None:
+        if _live_line is not None:
+            _live_line()
+        super().emit(record)
+
+
 def setup(*, format: LogFormat = "auto", debug: bool = False, stream: TextIO | None = None) -> None:
     """Install the one handler. Safe to call again (it replaces the previous one)."""
     out = stream or sys.stderr
     if format == "auto":
         format = "text" if out.isatty() else "json"
-    handler = logging.StreamHandler(out)
+    handler = _Handler(out)
     handler.setFormatter(JsonFormatter() if format == "json" else TextFormatter())
     root = logging.getLogger("mushroom_backup")
     for old in list(root.handlers):

@@ -161,12 +161,19 @@ class ProgressBar:
     def finish(self) -> None:
         if self.enabled:
             self._draw(force=True)
+            log.live_line(None)
             self.stream.write("\n")
             self.stream.flush()
+
+    def _clear(self) -> None:
+        """A log line is about to be written: wipe the bar; the next update redraws it."""
+        self.stream.write("\r" + " " * 100 + "\r")
+        self._drawn = 0.0
 
     def _draw(self, force: bool = False) -> None:
         if not self.enabled:
             return
+        log.live_line(self._clear)
         now = time.monotonic()
         if not force and now - self._drawn < 0.1:
             return

@@ -55,3 +55,29 @@ def test_human_bytes(count: int, text: str) -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(3.25, "3.2s"), (75, "1m15s"), (3725, "1h02m05s")])
 def test_human_duration(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
+
+
+def test_a_log_line_wipes_the_progress_bar_first() -> None:
+    import io
+    import logging
+
+    from mushroom_backup import log
+    from mushroom_backup.cli.common import ProgressBar
+
+    screen = io.StringIO()
+    bar = ProgressBar("backup", stream=screen, enabled=True)
+    log.setup(format="text", stream=screen)
+    try:
+        bar.start(2, 100)
+        assert screen.getvalue().startswith("\rbackup [")
+        log.get("test").info("lease.acquired")
+        drawn = screen.getvalue()
+        wipe = drawn.rindex("\r" + " " * 100 + "\r")
+        assert drawn.index("lease.acquired") > wipe
+        bar.finish()
+        log.get("test").info("after")
+        assert screen.getvalue().endswith("after\n")
+        assert screen.getvalue().count(" " * 100) == 1, "no wipe once the bar is finished"
+    finally:
+        log.live_line(None)
+        logging.getLogger("mushroom_backup").handlers.clear()
