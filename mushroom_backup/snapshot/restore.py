@@ -5,6 +5,7 @@ entry below a symlink is :class:`~mushroom_backup.errors.UnsafePath` before anyt
 written), then:
 
 1. creates the directories (owner-only at first, so that read-only ones can be filled),
+   while the first ranges download (no file is written before they all exist),
 2. restores the files. The files' chunks, in order, are cut into *runs* of up to 8 MiB that
    take one range from each of at most four packs (:func:`.plan.plan_restore`); the ranges
    of consecutive runs are served by shared ranged GETs of up to 8 MiB (*spans*,
@@ -524,6 +525,7 @@ async def _restore_files(
     files: Sequence[FileEntry],
     manifest: Manifest,
     *,
+    ready: asyncio.Task[None],
     download_concurrency: int,
     workers: int,
     sink: ProgressSink,
@@ -596,6 +598,7 @@ async def _restore_files(
             raise failures[0]
 
     async def consume() -> None:
+        await asyncio.shield(ready)  # the directories exist: files may be written
         while (queued := await window.get()) is not None:
             check()
             index, task = queued
@@ -668,19 +671,31 @@ async def restore_snapshot(
         if target is None:
             raise UsageError("restore needs a target directory (--target DIR)")
         root = await asyncio.to_thread(_prepare_target, target, force)
-        await asyncio.to_thread(_make_dirs, root, dirs)
-    await asyncio.to_thread(_restore_empty_files, root, empty)
-    sink.advance(len(empty), 0)
-    await _restore_files(
-        metered,
-        root,
-        files,
-        manifest,
-        download_concurrency=download_concurrency,
-        workers=workers or os.cpu_count() or 2,
-        sink=sink,
-        sleep=sleep,
-    )
+
+    async def make_dirs_and_empty_files() -> None:
+        if root is not None:
+            await asyncio.to_thread(_make_dirs, root, dirs)
+        await asyncio.to_thread(_restore_empty_files, root, empty)
+        sink.advance(len(empty), 0)
+
+    # The directories are created while the first ranges download; no file is written before.
+    ready = asyncio.create_task(make_dirs_and_empty_files())
+    try:
+        await _restore_files(
+            metered,
+            root,
+            files,
+            manifest,
+            ready=ready,
+            download_concurrency=download_concurrency,
+            workers=workers or os.cpu_count() or 2,
+            sink=sink,
+            sleep=sleep,
+        )
+        await ready
+    finally:
+        # Never return while a thread still creates directories.
+        await asyncio.gather(asyncio.shield(ready), return_exceptions=True)
     if root is not None:
         await asyncio.to_thread(_make_symlinks, root, links)
         await asyncio.to_thread(_finish_dirs, root, dirs)
