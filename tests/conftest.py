@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from mushroom_backup.clock import FakeClock
+
 # pytest puts tests/ on sys.path (rootdir conftest, no __init__.py), so the module is `servers`
 # at run time; mypy checks the `tests` namespace package, where it is `tests.servers`.
 if TYPE_CHECKING:
@@ -126,3 +128,9 @@ def s3_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(params=["memory", "local", *S3_KINDS])
 def any_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return _store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fresh fake clock: time moves only when the test advances it."""
+    return FakeClock()

@@ -23,11 +23,6 @@ else:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def recorder(clock: FakeClock) -> Iterator[Recorder]:
     logger = logging.getLogger("mushroom_backup")
     handler = Recorder(clock)

@@ -33,11 +33,6 @@ def lease_log(
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def bucket(clock: FakeClock) -> FaultyStore:
     """A private in-memory bucket behind a fault injector (no faults armed)."""
     return FaultyStore(MemoryStore(now=clock.wall))

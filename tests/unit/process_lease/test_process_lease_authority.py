@@ -72,16 +72,6 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def memory() -> MemoryStore:
-    return MemoryStore()
-
-
 # --- construction and deadlines ----------------------------------------------------------------
 
 

@@ -37,16 +37,6 @@ async def settle() -> None:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def memory() -> MemoryStore:
-    return MemoryStore()
-
-
-@pytest.fixture
 async def holder_a(memory: MemoryStore, clock: FakeClock) -> AsyncIterator[ProcessLeaseHolder]:
     holder = ProcessLeaseHolder(memory, NODE, ttl=TTL, clock=clock, boot_incarnation=A)
     yield holder

@@ -61,16 +61,6 @@ def leases(store: ObjectStore, clock: FakeClock) -> ProcessLeaseStore:
     return ProcessLeaseStore(store, NODE, TTL_MS, clock=clock, bounds=SMALL)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def memory() -> MemoryStore:
-    return MemoryStore()
-
-
 async def test_every_n_writes_a_prune_keeps_the_retained_history(
     memory: MemoryStore, clock: FakeClock
 ) -> None:

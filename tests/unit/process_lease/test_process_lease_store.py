@@ -66,16 +66,6 @@ def leases(
     return ProcessLeaseStore(store, NODE, TTL_MS, clock=clock, bounds=bounds)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def memory() -> MemoryStore:
-    return MemoryStore()
-
-
 # --- construction ------------------------------------------------------------------------------
 
 
