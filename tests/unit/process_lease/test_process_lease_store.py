@@ -4,6 +4,7 @@ a full observation, fence sealing and lookup (MemoryStore + FaultyStore, FakeClo
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import pytest
@@ -33,31 +34,20 @@ from mushroom_backup.store.base import ObjectStore, StoredObject
 from mushroom_backup.store.faults import FaultyStore
 from mushroom_backup.store.memory import MemoryStore
 
-NODE = 7
-TTL_MS = 30_000
-NOW = 1_796_000_000_000
-A = UUID("aaaaaaaa-0000-4000-8000-000000000001")
-B = UUID("bbbbbbbb-0000-4000-8000-000000000002")
-C = UUID("cccccccc-0000-4000-8000-000000000003")
-SMALL = ProcessLeaseBounds(
-    history_to_retain=4,
-    writes_per_prune=2,
-    max_list_records=20,
-    prune_batch_records=3,
-    max_prune_batches=6,
-    prune_io_timeout_s=5.0,
-    read_concurrency=2,
-    head_read_attempts=3,
-)
-
-
-def rec(owner: UUID, term: int, seq: int, node: int = NODE) -> ProcessLease:
-    return ProcessLease(node, owner, term, seq, NOW + TTL_MS)
-
-
-async def write(store: ObjectStore, *records: ProcessLease) -> None:
-    for record in records:
-        await store.put(lease_key(record.node, record.seq), record.encode())
+if TYPE_CHECKING:
+    from tests.unit.process_lease.process_lease_support import (
+        NODE,
+        NOW,
+        SMALL,
+        TTL_MS,
+        A,
+        B,
+        C,
+        rec,
+        write,
+    )
+else:
+    from process_lease_support import NODE, NOW, SMALL, TTL_MS, A, B, C, rec, write
 
 
 def leases(
